@@ -1,0 +1,96 @@
+"""Compare methods: wall-clock of every stage, end-to-end time, saving versus full, accuracy.
+
+End-to-end time of a method = the selection pipeline it needs (warmup + features +
+cluster, for cluster-based methods only) + select + allocate + train. Building the data
+and the model, and evaluation, cost the same for every method and are shown apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from clusterft.artifacts import read_json
+
+SHARED_STAGES = {"warmup": ("warmup", "metrics.json"), "features": ("features", "metrics.json"),
+                 "cluster": ("cluster", "metrics.json")}
+METHOD_STAGES = {"select": "select_metrics.json", "allocate": "allocate_metrics.json",
+                 "train": "train_metrics.json", "evaluate": "eval.json"}
+CLUSTER_METHODS = ("cluster",)
+
+
+def collect(cfg: Any) -> dict[str, Any]:
+    """Read every stage's metrics JSON: {'shared': {stage: m}, 'methods': {method: {stage: m}}}."""
+    shared = {}
+    for stage, (folder, name) in SHARED_STAGES.items():
+        p = cfg.artifact(folder, name)
+        if p.exists():
+            shared[stage] = read_json(p)
+    methods = {}
+    for method in cfg.select.methods:
+        mdir = cfg.artifact("methods", method)
+        methods[method] = {s: read_json(mdir / f) for s, f in METHOD_STAGES.items() if (mdir / f).exists()}
+    return {"shared": shared, "methods": methods}
+
+
+def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per method with stage times, end-to-end seconds, saving and accuracy."""
+    shared = collected["shared"]
+    rows = []
+    for method, st in collected["methods"].items():
+        row: dict[str, Any] = {"method": method}
+        for s in SHARED_STAGES:
+            row[f"{s}_s"] = shared.get(s, {}).get("wall_clock_s", 0.0) if method in CLUSTER_METHODS else 0.0
+        for s in ("select", "allocate", "train"):
+            row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))
+        row["end_to_end_s"] = sum(row[f"{s}_s"] for s in (*SHARED_STAGES, "select", "allocate", "train"))
+        row["kept_fraction"] = st.get("select", {}).get("kept_fraction", float("nan"))
+        ev = st.get("evaluate", {})
+        row["macro_em"] = ev.get("macro_exact_match", float("nan"))
+        row["worst_skill_em"] = ev.get("worst_skill_exact_match", float("nan"))
+        row["worst_skill"] = ev.get("worst_skill", "")
+        row["heldout_loss"] = ev.get("heldout_loss", float("nan"))
+        rows.append(row)
+    full = next((r for r in rows if r["method"] == "full"), None)
+    for r in rows:
+        if full:
+            r["time_vs_full"] = r["end_to_end_s"] / full["train_s"]
+            r["saving_vs_full_pct"] = 100.0 * (1 - r["end_to_end_s"] / full["end_to_end_s"])
+            r["macro_em_delta_pts"] = 100.0 * (r["macro_em"] - full["macro_em"])
+        else:
+            r["time_vs_full"] = r["saving_vs_full_pct"] = r["macro_em_delta_pts"] = float("nan")
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| method | kept | warmup s | features s | cluster s | select s | allocate s | train s "
+            "| end-to-end s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['kept_fraction']:.1%} | {r['warmup_s']:.1f} | {r['features_s']:.1f} "
+            f"| {r['cluster_s']:.1f} | {r['select_s']:.1f} | {r['allocate_s']:.1f} | {r['train_s']:.1f} "
+            f"| {r['end_to_end_s']:.1f} | {r['saving_vs_full_pct']:.1f}% | {r['macro_em']:.3f} "
+            f"| {r['macro_em_delta_pts']:+.1f} | {r['worst_skill_em']:.3f} ({r['worst_skill']}) "
+            f"| {r['heldout_loss']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_compare(cfg: Any, track: bool = True) -> dict[str, Any]:
+    """Stage `compare`: report/compare.md + compare.json; one MLflow parent run (nested stages)."""
+    from clusterft.artifacts import atomic_write_text, write_json
+
+    collected = collect(cfg)
+    rows = summarise(collected)
+    out = cfg.artifact("report")
+    table = markdown_table(rows)
+    atomic_write_text(out / "compare.md", "# clusterft: methods compared\n\n" + table)
+    summary = {"rows": rows}
+    if track:
+        from clusterft.tracking import log_pipeline
+
+        summary["mlflow_run_id"] = log_pipeline(cfg, collected, rows, [out / "compare.md"])
+    write_json(out / "compare.json", {"rows": rows})
+    print(table)
+    return summary

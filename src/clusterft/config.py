@@ -1,0 +1,301 @@
+"""Typed configuration: one dataclass per stage, loaded strictly from `params.yaml`.
+
+Unknown keys and wrong types are errors that name the file and the key, so a typo in
+`params.yaml` never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A params file (or override) is malformed: message names file and key."""
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a default and help text (shown by `clusterft params`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class PathsConfig:
+    artifacts: str = _f("artifacts", "root folder for every stage's outputs")
+
+
+@dataclass
+class DataConfig:
+    train: str = _f("artifacts/data/train.jsonl", "training JSONL (Alpaca or chat form)")
+    validation: str = _f("artifacts/data/validation.jsonl", "held-out JSONL for the loss")
+    test: str = _f("artifacts/data/test.jsonl", "test JSONL for exact-match evaluation")
+    max_length: int = _f(96, "tokens per sample after templating; longer samples are truncated")
+    prompt_template: str = _f(
+        "Instruction: {instruction}\n{input_block}Response:",
+        "prompt template; {input_block} is 'Input: <input>\\n' or empty",
+    )
+
+
+@dataclass
+class BenchmarkConfig:
+    n_train: int = _f(6000, "training samples of the built-in skill mixture")
+    n_validation: int = _f(400, "validation samples (same mixture as train)")
+    n_test_per_skill: int = _f(40, "test samples per skill (the test split is balanced)")
+    zipf_s: float = _f(1.7, "Zipf exponent of skill sizes; head/rarest ratio is n_skills**s")
+    duplicate_pool: int = _f(60, "distinct inputs per head skill (near-duplicates beyond it)")
+    seed: int = _f(0, "generator seed")
+
+
+@dataclass
+class TinyModelConfig:
+    hidden_size: int = _f(128, "width of the built-in Llama-architecture model")
+    num_layers: int = _f(4, "transformer blocks")
+    num_heads: int = _f(4, "attention heads")
+    intermediate_size: int = _f(384, "MLP width")
+    vocab_size: int = _f(512, "target BPE vocabulary of the locally trained tokenizer")
+    seed: int = _f(0, "initialisation seed")
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f("", "local HF causal-LM folder; empty = build the built-in tiny model")
+    gguf_file: str = _f("", "GGUF file inside `path` to load (needs the `gguf` package)")
+    trust_remote_code: bool = _f(False, "allow custom modelling code from `path` (off: unsafe)")
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class LoraConfig:
+    r: int = _f(8, "LoRA rank")
+    alpha: int = _f(16, "LoRA scaling numerator")
+    dropout: float = _f(0.0, "LoRA dropout")
+    target_modules: list[str] = _f(["q_proj", "v_proj"], "module names to adapt")
+
+
+@dataclass
+class WarmupConfig:
+    fraction: float = _f(0.05, "random fraction of train used for the LoRA warmup")
+    epochs: int = _f(2, "passes over the warmup subset")
+    lr: float = _f(2e-3, "AdamW learning rate")
+    batch_size: int = _f(16, "samples per optimizer step")
+    seed: int = _f(0, "subset and shuffling seed")
+
+
+@dataclass
+class FeaturesConfig:
+    kind: str = _f("lastlayer", "lastlayer (the paper's proxy)")
+    batch_size: int = _f(64, "samples per forward pass")
+
+
+@dataclass
+class ClusterConfig:
+    k: int = _f(16, "number of clusters (independent of the number of workers)")
+    n_init: int = _f(4, "k-means restarts")
+    seed: int = _f(0, "k-means seed")
+
+
+@dataclass
+class SelectConfig:
+    methods: list[str] = _f(["full", "cluster"], "methods the pipeline runs and compares")
+    budget: float = _f(0.2, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
+    within: str = _f("far", "which samples a cluster keeps: far (from centre), near, random")
+    alpha: float = _f(1.0, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
+    seed: int = _f(0, "sampling seed")
+
+
+@dataclass
+class TrainConfig:
+    nproc: int = _f(2, "data-parallel workers (torchrun --nproc_per_node)")
+    finetune: str = _f("full", "full (all weights) or lora (adapter on the base model)")
+    epochs: int = _f(12, "passes over the selected data")
+    per_device_batch: int = _f(16, "samples per rank per step")
+    lr: float = _f(3e-3, "peak AdamW learning rate (cosine decay, linear warmup)")
+    warmup_ratio: float = _f(0.05, "fraction of steps spent in linear lr warmup")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    seed: int = _f(0, "shuffling and initialisation seed")
+    log_every: int = _f(20, "steps between progress lines")
+
+
+@dataclass
+class EvaluateConfig:
+    batch_size: int = _f(64, "prompts per generation batch")
+    max_new_tokens: int = _f(16, "greedy generation length cap")
+
+
+@dataclass
+class TrackingConfig:
+    experiment: str = _f("clusterft", "MLflow experiment name")
+    tracking_uri: str = _f("sqlite:///mlflow.db", "MLflow store; env MLFLOW_TRACKING_URI wins")
+
+
+@dataclass
+class PipelineConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def artifact(self, *parts: str) -> Path:
+        """Path under the artifacts root."""
+        return Path(self.paths.artifacts).joinpath(*parts)
+
+
+def _check_value(value: Any, tp: Any, where: str) -> Any:
+    """Coerce/verify one leaf value against its annotated type."""
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return [_check_value(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _check_value(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} does not match {tp}")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        key_where = f"{where}.{key}" if not where.endswith(":") else f"{where} {key}"
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"{key_where}: unknown key{suggestion}; known: {', '.join(names)}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, key_where)
+        else:
+            kwargs[key] = _check_value(value, tp, key_where)
+    return cls(**kwargs)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load `params.yaml` (or defaults when path is None) plus `a.b=value` overrides."""
+    raw: dict[str, Any] = {}
+    label = "defaults"
+    if path is not None:
+        p = Path(path)
+        label = str(p)
+        if not p.exists():
+            raise ConfigError(f"{p}: params file not found")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: invalid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of sections")
+    for text in overrides or []:
+        keys, value = _parse_override(text)
+        node = raw
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    cfg = _build(PipelineConfig, raw, f"{label}:")
+    validate(cfg, label)
+    return cfg
+
+
+def validate(cfg: PipelineConfig, label: str = "params") -> None:
+    """Range checks that types alone cannot express."""
+
+    def bad(key: str, msg: str) -> None:
+        raise ConfigError(f"{label}: {key}: {msg}")
+
+    if not 0 < cfg.warmup.fraction <= 1:
+        bad("warmup.fraction", f"must be in (0, 1], got {cfg.warmup.fraction}")
+    b = cfg.select.budget
+    if b <= 0:
+        bad("select.budget", f"must be > 0 (a fraction in (0, 1] or a count > 1), got {b}")
+    if b > 1 and b != int(b):
+        bad("select.budget", f"a budget above 1 is a sample count and must be whole, got {b}")
+    if cfg.cluster.k < 1:
+        bad("cluster.k", f"must be >= 1, got {cfg.cluster.k}")
+    if cfg.train.nproc < 1:
+        bad("train.nproc", f"must be >= 1, got {cfg.train.nproc}")
+    if cfg.train.finetune not in ("full", "lora"):
+        bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
+    if cfg.features.kind not in FEATURE_KINDS:
+        bad("features.kind", f"must be one of {FEATURE_KINDS}, got {cfg.features.kind!r}")
+    for m in cfg.select.methods:
+        if m not in SELECT_METHODS:
+            bad("select.methods", f"unknown method {m!r}; known: {SELECT_METHODS}")
+    for key in ("train.epochs", "train.per_device_batch", "warmup.epochs", "warmup.batch_size",
+                "data.max_length", "features.batch_size", "evaluate.batch_size"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) < 1:
+            bad(key, "must be >= 1")
+
+
+FEATURE_KINDS = ("lastlayer",)
+SELECT_METHODS = ("full", "random", "cluster")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (for MLflow params and manifests)."""
+    return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,169 @@
+"""Models: the built-in tiny Llama + locally trained tokenizer, local HF folders, LoRA.
+
+Weights are read only from safetensors (or a GGUF file when asked); custom modelling
+code runs only when `model.trust_remote_code` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from clusterft.config import LoraConfig, ModelConfig, PipelineConfig, TinyModelConfig
+
+log = logging.getLogger(__name__)
+PAD, EOS = "<|pad|>", "<|eos|>"
+
+
+class ModelError(ValueError):
+    """A model folder cannot be used; the message names the folder and what is missing."""
+
+
+def base_model_dir(cfg: PipelineConfig) -> Path:
+    """The user's model folder, or where the built-in model is built."""
+    return Path(cfg.model.path) if cfg.model.path else cfg.artifact("model", "base")
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
+    """Byte-level BPE trained on `texts`, with pad and eos special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+
+
+def build_tiny_model(cfg: TinyModelConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
+    """A randomly initialised Llama-architecture causal LM sized by `cfg`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),  # trained vocab can be smaller than asked
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=max(256, 2 * max_length),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def prepare_builtin(cfg: PipelineConfig, texts: Iterable[str], out_dir: str | Path) -> dict:
+    """Train the tokenizer on `texts`, build the tiny model, save both (safetensors)."""
+    from clusterft.artifacts import ensure_dir
+
+    out = ensure_dir(out_dir)
+    tokenizer = train_tokenizer(texts, cfg.model.tiny.vocab_size)
+    model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.data.max_length)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"n_params": n_params, "vocab_size": len(tokenizer), "dir": str(out)}
+
+
+def _check_model_dir(path: Path, mcfg: ModelConfig) -> None:
+    if not path.is_dir():
+        raise ModelError(f"{path}: model folder not found (model.path)")
+    if not (path / "config.json").exists() and not mcfg.gguf_file:
+        raise ModelError(f"{path}: no config.json; not a Hugging Face model folder")
+    if mcfg.gguf_file:
+        if not (path / mcfg.gguf_file).exists():
+            raise ModelError(f"{path / mcfg.gguf_file}: GGUF file not found (model.gguf_file)")
+        return
+    if not any(path.glob("*.safetensors")):
+        hint = " (only pickle-based *.bin found; convert to safetensors)" if any(path.glob("*.bin")) else ""
+        raise ModelError(f"{path}: no *.safetensors weights{hint}")
+
+
+def load_tokenizer(path: str | Path, mcfg: ModelConfig | None = None) -> Any:
+    """Tokenizer from a local folder; a missing pad token falls back to EOS (logged)."""
+    from transformers import AutoTokenizer
+
+    mcfg = mcfg or ModelConfig()
+    kwargs: dict[str, Any] = {"trust_remote_code": mcfg.trust_remote_code}
+    if mcfg.gguf_file:
+        kwargs["gguf_file"] = mcfg.gguf_file
+    tok = AutoTokenizer.from_pretrained(str(path), **kwargs)
+    if tok.eos_token_id is None:
+        raise ModelError(f"{path}: tokenizer has no eos token; set one in tokenizer_config.json")
+    if tok.pad_token_id is None:
+        log.warning("%s: tokenizer has no pad token; using its eos token for padding", path)
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str | Path, mcfg: ModelConfig | None = None) -> torch.nn.Module:
+    """Causal LM from a local folder, fp32, safetensors only (or GGUF when configured)."""
+    from transformers import AutoModelForCausalLM
+
+    mcfg = mcfg or ModelConfig()
+    p = Path(path)
+    _check_model_dir(p, mcfg)
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": mcfg.trust_remote_code}
+    if mcfg.gguf_file:
+        kwargs["gguf_file"] = mcfg.gguf_file
+    else:
+        kwargs["use_safetensors"] = True
+    return AutoModelForCausalLM.from_pretrained(str(p), **kwargs)
+
+
+def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """Wrap `model` with fresh LoRA adapters (peft modifies the base in place)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    pcfg = PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, pcfg)
+
+
+def load_with_adapter(base_dir: str | Path, adapter_dir: str | Path, mcfg: ModelConfig) -> torch.nn.Module:
+    """Base model plus a saved LoRA adapter (safetensors), adapter weights trainable."""
+    from peft import PeftModel
+
+    base = load_model(base_dir, mcfg)
+    return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+
+
+def run_prepare_model(cfg: PipelineConfig) -> dict:
+    """Stage `prepare-model`: build the built-in model, or check the user's model folder."""
+    import time
+
+    from clusterft.artifacts import write_json
+    from clusterft.data import load_examples
+
+    start = time.perf_counter()
+    out = cfg.artifact("model")
+    if cfg.model.path:
+        model = load_model(cfg.model.path, cfg.model)
+        load_tokenizer(cfg.model.path, cfg.model)
+        info = {"n_params": sum(p.numel() for p in model.parameters()), "dir": cfg.model.path}
+    else:
+        texts = [f"{e.prompt} {e.response}" for e in load_examples(cfg, "train")]
+        info = prepare_builtin(cfg, texts, base_model_dir(cfg))
+    info["wall_clock_s"] = time.perf_counter() - start
+    write_json(out / "metrics.json", info)
+    return info

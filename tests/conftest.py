@@ -1,0 +1,70 @@
+"""Shared fixtures: a tiny but real pipeline configuration and one real run of it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `flows` is importable in tests
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+
+def tiny_params(root: Path, relative: bool = False) -> dict:
+    """Params for a pipeline that runs in seconds: 240 samples, 2-layer 32-wide model.
+
+    relative=True keeps every path relative to `root` (as a DVC project needs)."""
+    art = Path("artifacts") if relative else root / "artifacts"
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p["paths"]["artifacts"] = str(art)
+    p["benchmark"].update(n_train=240, n_validation=24, n_test_per_skill=2)
+    p["data"].update(train=str(art / "data/train.jsonl"), validation=str(art / "data/validation.jsonl"),
+                     test=str(art / "data/test.jsonl"), max_length=48)
+    p["model"]["tiny"].update(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=300)
+    p["warmup"].update(fraction=0.1, epochs=1, batch_size=8)
+    p["cluster"].update(k=4, n_init=1)
+    p["train"].update(epochs=1, per_device_batch=8, log_every=5)
+    p["evaluate"].update(max_new_tokens=8)
+    p["tracking"]["tracking_uri"] = "sqlite:///mlflow.db" if relative else f"sqlite:///{root / 'mlflow.db'}"
+    return p
+
+
+def write_params(root: Path, params: dict) -> Path:
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    from clusterft.config import load_config
+
+    return load_config(write_params(tmp_path, tiny_params(tmp_path)))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """One real end-to-end run (torchrun training included) shared by read-only tests."""
+    from clusterft.config import load_config
+    from clusterft.distributed import launch
+    from clusterft.stages import stage_functions
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    params = write_params(root, tiny_params(root))
+    cfg = load_config(params)
+    fns = stage_functions()
+    for name in ("make-benchmark", "prepare-model", "warmup", "features", "cluster"):
+        fns[name](cfg)
+    for m in cfg.select.methods:
+        fns["select"](cfg, m)
+        fns["allocate"](cfg, m)
+        launch(cfg.train.nproc, ["train", "--params", str(params), "--method", m])
+        fns["evaluate"](cfg, m)
+    summary = fns["compare"](cfg)
+    return {"root": root, "params": params, "cfg": cfg, "summary": summary}

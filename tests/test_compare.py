@@ -1,0 +1,38 @@
+import json
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+
+def test_compare_table_has_every_method_with_times_and_saving(tiny_run):
+    cfg = tiny_run["cfg"]
+    rows = {r["method"]: r for r in json.loads(cfg.artifact("report", "compare.json").read_text())["rows"]}
+    assert set(rows) == {"full", "cluster"}
+    full, clu = rows["full"], rows["cluster"]
+    assert full["warmup_s"] == 0 and clu["warmup_s"] > 0 and clu["features_s"] > 0
+    parts = sum(clu[k] for k in ("warmup_s", "features_s", "cluster_s", "select_s", "allocate_s", "train_s"))
+    assert abs(clu["end_to_end_s"] - parts) < 1e-9
+    assert abs(clu["saving_vs_full_pct"] - 100 * (1 - clu["end_to_end_s"] / full["end_to_end_s"])) < 1e-9
+    assert clu["kept_fraction"] == cfg.select.budget
+    md = cfg.artifact("report", "compare.md").read_text()
+    assert "| full |" in md and "| cluster |" in md and "saving vs full" in md
+
+
+def test_mlflow_holds_parent_and_nested_stage_runs_with_wall_clock(tiny_run):
+    cfg = tiny_run["cfg"]
+    client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parent = client.get_run(tiny_run["summary"]["mlflow_run_id"])
+    assert parent.data.tags["clusterft.kind"] == "pipeline"
+    assert parent.data.params["select.budget"] == str(cfg.select.budget)
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert {"warmup", "features", "cluster", "full", "cluster"} <= set(children)
+    assert children["warmup"].data.metrics["wall_clock_s"] > 0
+    grand = {r.info.run_name: r for r in runs
+             if r.data.tags.get("mlflow.parentRunId") == children["full"].info.run_id}
+    assert {"full/select", "full/allocate", "full/train", "full/evaluate"} <= set(grand)
+    train = grand["full/train"]
+    assert train.data.metrics["wall_clock_s"] > 0
+    history = client.get_metric_history(train.info.run_id, "loss")
+    assert len(history) == train.data.metrics["steps"]

@@ -1,0 +1,29 @@
+import numpy as np
+import torch
+
+from clusterft.data import collate
+from clusterft.features import lastlayer_features
+from clusterft.model import build_tiny_model, train_tokenizer
+from clusterft.config import TinyModelConfig
+from tests.helpers.grad_case import case_samples
+
+
+def test_lastlayer_feature_is_mean_of_logit_grad_times_hidden():
+    tok = train_tokenizer(["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 10, 300)
+    model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2,
+                                             intermediate_size=32), tok, 32)
+    samples = case_samples()
+    got = lastlayer_features(model, samples, pad_id=0, batch_size=3, progress=False)
+    assert got.shape == (4, 16)
+    for i, s in enumerate(samples):  # one at a time, no padding, by autograd on the logits
+        b = collate([s], 0)
+        out = model(input_ids=b["input_ids"], output_hidden_states=True)
+        h = out.hidden_states[-1][0, :-1]
+        labels = b["labels"][0, 1:]
+        keep = labels != -100
+        logits = out.logits[0, :-1].detach().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum")
+        (g,) = torch.autograd.grad(loss, logits)
+        true_logit_grad = g.gather(1, labels.clamp(min=0)[:, None])[:, 0]  # = p_y - 1
+        want = (true_logit_grad[keep, None] * h[keep]).mean(0).detach().numpy()
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-6)
