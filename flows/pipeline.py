@@ -16,7 +16,7 @@ from clusterft.distributed import launch
 from clusterft.stages import stage_functions
 
 SHARED = ("make-benchmark", "prepare-model", "warmup", "features", "cluster")
-CLUSTERED = ("cluster",)  # methods that need warmup/features/cluster
+CLUSTERED = ("cluster", "cluster_paper")  # methods that need warmup/features/cluster
 
 
 @task(name="stage")
@@ -30,7 +30,8 @@ def run_stage(name: str, params: str, overrides: list[str], method: str | None =
 def run_training(params: str, overrides: list[str], method: str) -> None:
     cfg = load_config(params, overrides)
     sets = [a for o in overrides for a in ("--set", o)]
-    launch(cfg.train.nproc, ["train", "--params", params, "--method", method, *sets])
+    launch(cfg.train.nproc, ["train", "--params", params, "--method", method, *sets],
+           max_restarts=cfg.train.max_restarts)
 
 
 @flow(name="clusterft-pipeline", log_prints=True)

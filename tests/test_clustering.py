@@ -39,3 +39,25 @@ def test_nan_rows_are_reported():
 def test_l2_normalize_rows():
     x = np.array([[3.0, 4.0], [0.0, 0.0]])
     np.testing.assert_allclose(l2_normalize(x), [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_faiss_backend_on_a_memmap_matches_exact_kmeans(tmp_path):
+    from clusterft.clustering import cluster_features
+
+    x, y = blobs(n_per=400, k=6, d=32)
+    path = tmp_path / "f.npy"
+    np.save(path, x)
+    mm = np.load(path, mmap_mode="r")
+    c, backend = cluster_features(mm, 6, n_init=2, seed=0, backend="auto", large_threshold=1000)
+    assert backend == "faiss" and c.labels.shape == (2400,)
+    assert adjusted_rand_score(y, c.labels) > 0.99
+    exact, b2 = cluster_features(x, 6, n_init=2, seed=0)
+    assert b2 == "sklearn" and adjusted_rand_score(exact.labels, c.labels) > 0.99
+
+
+def test_auto_k_finds_the_number_of_directions():
+    from clusterft.clustering import choose_k
+
+    x, _ = blobs(n_per=60, k=6, d=24, seed=3)
+    k, scores = choose_k(x, 2, 16, sample=360, seed=0)
+    assert k == 6 and scores[6] == max(scores.values())

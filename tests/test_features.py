@@ -27,3 +27,16 @@ def test_lastlayer_feature_is_mean_of_logit_grad_times_hidden():
         true_logit_grad = g.gather(1, labels.clamp(min=0)[:, None])[:, 0]  # = p_y - 1
         want = (true_logit_grad[keep, None] * h[keep]).mean(0).detach().numpy()
         np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-6)
+
+
+def test_embedding_is_mean_hidden_state_over_non_pad_tokens():
+    from clusterft.features import embedding_batch
+
+    tok = train_tokenizer(["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 10, 300)
+    model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2,
+                                             intermediate_size=32), tok, 32)
+    samples = case_samples()
+    got = embedding_batch(model, collate(samples, 0))
+    for i, s in enumerate(samples):
+        h = model(input_ids=collate([s], 0)["input_ids"], output_hidden_states=True).hidden_states[-1]
+        torch.testing.assert_close(got[i], h[0].mean(0), rtol=1e-4, atol=1e-5)

@@ -57,3 +57,93 @@ def test_full_and_random():
     assert len(select_full(10).rows) == 10
     r1, r2 = select_random(100, 0.2, 3), select_random(100, 0.2, 3)
     assert len(r1.rows) == 20 and (r1.rows == r2.rows).all() and len(set(r1.rows)) == 20
+
+
+# --- property-based invariants and the paper-faithful mode -------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from clusterft.selection import (  # noqa: E402
+    kcenter_greedy, select_cluster_paper, soft_cap_reassign, split_budget,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=12), st.floats(0.01, 1.0),
+       st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+def test_split_budget_is_exact_capped_and_monotone_in_size(sizes, frac, tau):
+    sizes = np.array(sizes)
+    total = int(frac * sizes.sum())
+    q = split_budget(sizes, total, tau)
+    assert q.sum() == total and (q <= sizes).all() and (q >= 0).all()
+    order = np.argsort(sizes, kind="stable")  # bigger clusters never get fewer (ties: +-1 rounding)
+    assert (np.diff(q[order]) >= -1).all()
+
+
+def test_proportional_and_power_splits():
+    sizes = np.array([800, 150, 50])
+    assert split_budget(sizes, 100, 1.0).tolist() == [80, 15, 5]
+    p = split_budget(sizes, 100, 0.5)
+    assert p.sum() == 100 and p[0] < 80 and p[2] > 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(20, 200), st.integers(1, 8), st.floats(0.05, 1.0), st.integers(0, 1000),
+       st.sampled_from(["far", "near", "random", "kcenter"]), st.sampled_from(["waterfill", "proportional", "power"]))
+def test_cluster_selection_invariants(n, k, budget, seed, within, split):
+    rng = np.random.default_rng(seed)
+    k = min(k, n)
+    labels = np.concatenate([np.arange(k), rng.integers(0, k, size=n - k)])
+    feats = rng.normal(size=(n, 4)).astype(np.float32)
+    centers = np.stack([feats[labels == c].mean(0) for c in range(k)])
+    sel = select_cluster(labels, feats, centers, budget, seed, within=within, split=split)
+    assert len(sel.rows) == max(1, int(round(budget * n)))
+    assert len(set(sel.rows.tolist())) == len(sel.rows)
+    assert sel.weights.mean() == pytest.approx(1.0)
+    again = select_cluster(labels, feats, centers, budget, seed, within=within, split=split)
+    assert (again.rows == sel.rows).all() and (again.weights == sel.weights).all()
+
+
+def test_kcenter_spreads_out():
+    x = np.array([[0, 0], [0.1, 0], [10, 0], [10.1, 0], [0, 10]], dtype=float)
+    assert sorted(kcenter_greedy(x, 3, start=0).tolist()) == [0, 2, 4] or \
+        sorted(kcenter_greedy(x, 3, start=0).tolist()) == [0, 3, 4]
+
+
+def test_soft_cap_moves_closest_points_first_to_nearest_centre_with_room():
+    x = np.array([[0.0], [0.1], [0.2], [0.3], [1.0]])
+    centers = np.array([[0.0], [1.0]])
+    labels = np.array([0, 0, 0, 0, 1])
+    out = soft_cap_reassign(x, labels, centers, cap=3)
+    # closest points to a centre are placed first: 0.0, 1.0, 0.1, 0.2 fill; 0.3 finds cluster 0 full
+    assert out.tolist() == [0, 0, 0, 1, 1]
+    assert (soft_cap_reassign(x, labels, centers, cap=4) == labels).all()  # under the cap: unchanged
+
+
+def test_paper_mode_rules_on_a_hand_checked_case():
+    """Two well separated groups (60 and 20 points), 2 workers, r = 0.5: the small cluster
+    sets m = floor(20 * 0.5) = 10 for both; weights are K n_k / N = 2*60/80 and 2*20/80."""
+    rng = np.random.default_rng(0)
+    a = np.array([1.0, 0.0]) + 0.05 * rng.normal(size=(60, 2))
+    b = np.array([0.0, 1.0]) + 0.05 * rng.normal(size=(20, 2))
+    sel = select_cluster_paper(np.concatenate([a, b]).astype(np.float32), world_size=2, ratio=0.5, seed=0)
+    assert len(sel.rows) == 20
+    big = sel.clusters[sel.rows < 60][0]
+    assert (sel.clusters[sel.rows < 60] == big).all() and (sel.rows < 60).sum() == 10
+    assert sorted(set(np.round(sel.weights, 6))) == [0.5, 1.5]
+    assert sel.weights[sel.rows < 60][0] == pytest.approx(1.5)
+    # the kept points of the big group are its 10 farthest from the centre
+    x = np.concatenate([a, b])
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    d = np.linalg.norm(x[:60] - x[:60].mean(0), axis=1)
+    assert set(sel.rows[sel.rows < 60]) == set(np.argsort(-d)[:10])
+
+
+def test_paper_mode_budget_collapses_with_a_tiny_cluster():
+    """The limit clusterft removes: one tiny cluster shrinks every cluster to its size."""
+    rng = np.random.default_rng(1)
+    x = np.concatenate([np.array([1.0, 0.0, 0.0]) + 0.02 * rng.normal(size=(50, 3)),
+                        np.array([0.0, 1.0, 0.0]) + 0.02 * rng.normal(size=(47, 3)),
+                        np.array([0.0, 0.0, 1.0]) + 0.02 * rng.normal(size=(3, 3))]).astype(np.float32)
+    sel = select_cluster_paper(x, world_size=3, ratio=1.0, seed=0)  # cap 50: no reassignment
+    assert len(sel.rows) == 9  # 3 clusters x min size 3, although r = 1.0

@@ -1,9 +1,13 @@
 """DP allocation: which selected sample each rank trains at each step of each epoch.
 
 A plan is an int64 array of rows (epoch, step, rank, index) where `index` is a line of the
-selection JSONL. `stratified` spreads every cluster evenly over the epoch so each global
-step carries every cluster in proportion to its share; `shuffle` is the plain
-DistributedSampler baseline (a random permutation dealt to ranks).
+selection JSONL. Three modes:
+- `balanced` (ours): each global step holds every cluster within one sample of its share
+  (an exact matrix rounding, solved as a max-flow), and inside the step samples go to ranks
+  by longest-processing-time on token counts, so every rank carries the same token load.
+- `shuffle`: the plain DistributedSampler baseline (random permutation, rank r takes
+  every R-th sample).
+- `rank_per_cluster`: the paper's reference allocation, rank k trains only cluster k.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PLAN_COLUMNS = ("epoch", "step", "rank", "index")
+MODES = ("balanced", "shuffle", "rank_per_cluster")
 
 
 class AllocationError(ValueError):
@@ -42,14 +47,60 @@ class AllocationPlan:
         return out
 
 
-def _stratified_order(clusters: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Order where each cluster's members sit at evenly spaced positions (j + u_k) / m_k."""
-    pos = np.empty(len(clusters))
-    for c in np.unique(clusters):
-        members = np.flatnonzero(clusters == c)
-        members = rng.permutation(members)
-        pos[members] = (np.arange(len(members)) + rng.random()) / len(members)
-    return np.lexsort((clusters, pos))
+def step_cluster_counts(cluster_sizes: np.ndarray, step_sizes: np.ndarray) -> np.ndarray:
+    """[S, K] integer counts with row sums = step sizes, column sums = cluster sizes, and
+    every entry the floor or ceiling of step_size * cluster_size / total.
+
+    Such a rounding always exists (integral flow polytope); the +1s are found by max-flow.
+    """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    m = np.asarray(cluster_sizes, dtype=np.int64)
+    b = np.asarray(step_sizes, dtype=np.int64)
+    total = int(m.sum())
+    prod = np.outer(b, m)
+    base = prod // total
+    frac = (prod % total) != 0
+    need_row = b - base.sum(1)
+    need_col = m - base.sum(0)
+    s_n, k_n = base.shape
+    if need_row.sum() == 0:
+        return base
+    src, sink = 0, 1 + s_n + k_n
+    ss, kk = np.nonzero(frac)
+    rows = np.concatenate([np.zeros(s_n, int), 1 + ss, 1 + s_n + np.arange(k_n)])
+    cols = np.concatenate([1 + np.arange(s_n), 1 + s_n + kk, np.full(k_n, sink)])
+    caps = np.concatenate([need_row, np.ones(len(ss), int), need_col]).astype(np.int32)
+    graph = csr_matrix((caps, (rows, cols)), shape=(sink + 1, sink + 1))
+    flow = maximum_flow(graph, src, sink).flow.tocsr()
+    extra = np.asarray(flow[1 : 1 + s_n, 1 + s_n : 1 + s_n + k_n].todense()).clip(min=0)
+    out = base + extra.astype(np.int64)
+    if (out.sum(1) != b).any() or (out.sum(0) != m).any():  # cannot happen; guard the theorem
+        raise AllocationError("internal: step/cluster rounding did not meet its margins")
+    return out
+
+
+def lpt_assign(lengths: np.ndarray, clusters: np.ndarray, world: int, seen: np.ndarray) -> np.ndarray:
+    """Rank per item: longest item first to the least-loaded rank (ties: the rank that has
+    seen this item's cluster least this epoch, then the lowest rank). Updates `seen`."""
+    load = np.zeros(world, dtype=np.int64)
+    ranks = np.empty(len(lengths), dtype=np.int64)
+    for i in np.lexsort((np.arange(len(lengths)), -lengths)):
+        c = clusters[i]
+        r = int(np.lexsort((np.arange(world), seen[:, c], load))[0])
+        ranks[i] = r
+        load[r] += lengths[i]
+        seen[r, c] += 1
+    return ranks
+
+
+def _check(m: int, world: int) -> None:
+    if world > m:
+        raise AllocationError(
+            f"train.nproc={world} workers but only {m} selected samples: "
+            "every worker needs at least one sample per step"
+        )
 
 
 def build_plan(
@@ -58,48 +109,127 @@ def build_plan(
     per_device_batch: int,
     epochs: int,
     seed: int,
-    mode: str = "stratified",
+    mode: str = "balanced",
+    lengths: np.ndarray | None = None,
 ) -> AllocationPlan:
-    """Every selected sample once per epoch; equal-size steps (+-1); every rank >= 1 per step."""
+    """Every selected sample once per epoch; steps of equal size (+-1); each rank >= 1 per step.
+
+    clusters: [M] cluster id per selected sample (-1 when unclustered); lengths: [M] tokens
+    (None: all equal, so balance means equal counts).
+    """
+    clusters = np.asarray(clusters, dtype=np.int64)
     m = len(clusters)
-    if world_size > m:
-        raise AllocationError(
-            f"train.nproc={world_size} workers but only {m} selected samples: "
-            "every worker needs at least one sample per step"
-        )
-    global_batch = world_size * per_device_batch
-    steps = max(1, m // global_batch)
+    _check(m, world_size)
+    lengths = np.ones(m, np.int64) if lengths is None else np.asarray(lengths, np.int64)
     rng = np.random.default_rng(seed)
+    if mode == "rank_per_cluster":
+        return _rank_per_cluster(clusters, world_size, per_device_batch, epochs, rng)
+    if mode not in MODES:
+        raise AllocationError(f"unknown allocation mode {mode!r}; known: {MODES}")
+    steps = max(1, m // (world_size * per_device_batch))
+    step_sizes = np.array([len(c) for c in np.array_split(np.arange(m), steps)])
+    ids, inverse = np.unique(clusters, return_inverse=True)
     rows = []
     for e in range(epochs):
-        if mode == "stratified":
-            order = _stratified_order(np.asarray(clusters), rng)
-        elif mode == "shuffle":
+        if mode == "shuffle":
             order = rng.permutation(m)
-        else:
-            raise AllocationError(f"unknown allocation mode {mode!r}")
-        for s, chunk in enumerate(np.array_split(order, steps)):
-            chunk = rng.permutation(chunk)  # so no rank is pinned to one cluster
-            ranks = np.arange(len(chunk)) % world_size
-            rows.append(np.column_stack([np.full(len(chunk), e), np.full(len(chunk), s), ranks, chunk]))
+            start = 0
+            for s, size in enumerate(step_sizes):
+                chunk = order[start : start + size]
+                start += size
+                rows.append(_rows(e, s, np.arange(size) % world_size, chunk))
+            continue
+        counts = step_cluster_counts(np.bincount(inverse, minlength=len(ids)), step_sizes)
+        members = [rng.permutation(np.flatnonzero(inverse == k)) for k in range(len(ids))]
+        cursor = np.zeros(len(ids), dtype=np.int64)
+        seen = np.zeros((world_size, len(ids)), dtype=np.int64)
+        for s in range(steps):
+            chunk = np.concatenate([members[k][cursor[k] : cursor[k] + counts[s, k]] for k in range(len(ids))])
+            cursor += counts[s]
+            ranks = lpt_assign(lengths[chunk], inverse[chunk], world_size, seen)
+            rows.append(_rows(e, s, ranks, chunk))
+    return _plan(rows, world_size, epochs, steps)
+
+
+def _rows(epoch: int, step: int, ranks: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    n = len(idx)
+    return np.column_stack([np.full(n, epoch), np.full(n, step), ranks, idx])
+
+
+def _plan(rows: list[np.ndarray], world: int, epochs: int, steps: int) -> AllocationPlan:
     table = np.concatenate(rows).astype(np.int64)
     table = table[np.lexsort((table[:, 3], table[:, 2], table[:, 1], table[:, 0]))]
-    return AllocationPlan(table, world_size, epochs, steps)
+    return AllocationPlan(table, world, epochs, steps)
 
 
-def coverage_error(plan: AllocationPlan, clusters: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """Per global step, max over clusters of |count - target|, target = step size x share."""
+def _rank_per_cluster(clusters, world, per_device_batch, epochs, rng) -> AllocationPlan:
+    """The paper's allocation: cluster k (0..world-1) is trained by rank k only."""
+    present = set(np.unique(clusters).tolist())
+    if present != set(range(world)):
+        raise AllocationError(
+            f"rank_per_cluster needs clusters 0..{world - 1} (one per rank), got {sorted(present)}"
+        )
+    sizes = np.bincount(clusters, minlength=world)
+    steps = max(1, int(sizes.min()) // per_device_batch)
+    rows = []
+    for e in range(epochs):
+        for k in range(world):
+            members = rng.permutation(np.flatnonzero(clusters == k))
+            for s, chunk in enumerate(np.array_split(members, steps)):
+                rows.append(_rows(e, s, np.full(len(chunk), k), chunk))
+    return _plan(rows, world, epochs, steps)
+
+
+def plan_metrics(plan: AllocationPlan, clusters: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
+    """Coverage error, rank token imbalance (max/mean), padded-cost imbalance, padding
+    fraction and rank x cluster coverage of a plan, averaged over its steps."""
     clusters = np.asarray(clusters)
-    ks = np.unique(clusters)
-    share = np.array([(clusters == k).mean() for k in ks])
-    errs = []
+    lengths = np.asarray(lengths)
+    ids, inv = np.unique(clusters, return_inverse=True)
+    share = np.bincount(inv, minlength=len(ids)) / len(inv)
+    t = plan.table
+    w = plan.world_size
+    cov, tok_imb, pad_imb = [], [], []
+    real = padded = 0
     for e in range(plan.epochs):
-        te = plan.table[plan.table[:, 0] == e]
+        te = t[t[:, 0] == e]
+        bounds = np.searchsorted(te[:, 1], np.arange(plan.steps_per_epoch + 1))
         for s in range(plan.steps_per_epoch):
-            idx = te[te[:, 1] == s, 3]
-            counts = np.array([(clusters[idx] == k).sum() for k in ks])
-            errs.append(np.abs(counts - len(idx) * share).max())
-    return np.array(errs)
+            st = te[bounds[s] : bounds[s + 1]]
+            idx, ranks = st[:, 3], st[:, 2]
+            counts = np.bincount(inv[idx], minlength=len(ids))
+            cov.append(np.abs(counts - len(idx) * share).max())
+            tokens = np.bincount(ranks, weights=lengths[idx], minlength=w)
+            n_r = np.bincount(ranks, minlength=w)
+            max_len = np.zeros(w)
+            np.maximum.at(max_len, ranks, lengths[idx])
+            cost = n_r * max_len
+            tok_imb.append(tokens.max() / tokens.mean())
+            pad_imb.append(cost.max() / cost.mean())
+            real += tokens.sum()
+            padded += cost.sum()
+    first = t[t[:, 0] == 0]
+    seen = np.zeros((w, len(ids)), bool)
+    seen[first[:, 2], inv[first[:, 3]]] = True
+    big = np.bincount(inv, minlength=len(ids)) >= w
+    return {
+        "coverage_error_max": float(np.max(cov)),
+        "coverage_error_mean": float(np.mean(cov)),
+        "token_imbalance_mean": float(np.mean(tok_imb)),
+        "token_imbalance_max": float(np.max(tok_imb)),
+        "padded_imbalance_mean": float(np.mean(pad_imb)),
+        "padding_fraction": float(1 - real / padded),
+        "rank_cluster_coverage": float(seen[:, big].mean()) if big.any() else 1.0,
+    }
+
+
+def rank_cluster_counts(plan: AllocationPlan, clusters: np.ndarray) -> np.ndarray:
+    """[ranks, clusters] samples each rank trains from each cluster in epoch 0."""
+    ids, inv = np.unique(np.asarray(clusters), return_inverse=True)
+    first = plan.table[plan.table[:, 0] == 0]
+    out = np.zeros((plan.world_size, len(ids)), dtype=np.int64)
+    np.add.at(out, (first[:, 2], inv[first[:, 3]]), 1)
+    return out
 
 
 def save_plan(out_dir, plan: AllocationPlan, extra: dict | None = None) -> None:
@@ -127,27 +257,45 @@ def load_plan(out_dir) -> AllocationPlan:
                           meta["steps_per_epoch"])
 
 
+def plan_mode(method: str, clusters: np.ndarray) -> str:
+    """The allocation a selection method trains with."""
+    if method == "cluster_paper":
+        return "rank_per_cluster"
+    return "balanced" if (np.asarray(clusters) >= 0).any() else "shuffle"
+
+
 def run_allocate(cfg, method: str) -> dict:
-    """Stage `allocate`: plan for methods/<method>/selection.jsonl over train.nproc ranks."""
+    """Stage `allocate`: plan for methods/<method>/selection.jsonl over train.nproc ranks,
+    with metrics for the plan and for a shuffled DistributedSampler on the same selection."""
     import time
 
     from clusterft.artifacts import write_json
+    from clusterft.data import encode_all, load_examples
+    from clusterft.model import base_model_dir, load_tokenizer
     from clusterft.selection import read_selection
 
     start = time.perf_counter()
     out = cfg.artifact("methods", method)
     sel = read_selection(out / "selection.jsonl")
     clusters = np.asarray(sel["cluster"], dtype=np.int64)
-    mode = "stratified" if (clusters >= 0).any() else "shuffle"
+    examples = load_examples(cfg, "train")
+    tokenizer = load_tokenizer(base_model_dir(cfg), cfg.model)
+    lengths = np.array([e.n_tokens for e in encode_all([examples[r] for r in sel["row"]], tokenizer,
+                                                        cfg.data.max_length)])
     t = cfg.train
-    plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode)
-    cov = coverage_error(plan, clusters) if mode == "stratified" else np.zeros(1)
+    mode = plan_mode(method, clusters)
+    plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode, lengths)
+    baseline = build_plan(clusters, t.nproc, t.per_device_batch, 1, t.seed, "shuffle", lengths)
     metrics = {
         "method": method, "mode": mode, "world_size": plan.world_size, "epochs": plan.epochs,
         "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.epochs * plan.steps_per_epoch,
-        "coverage_error_max": float(cov.max()), "coverage_error_mean": float(cov.mean()),
+        **plan_metrics(plan, clusters, lengths),
+        **{f"shuffled_{k}": v for k, v in plan_metrics(baseline, clusters, lengths).items()},
         "wall_clock_s": time.perf_counter() - start,
     }
     save_plan(out, plan, {"mode": mode})
     write_json(out / "allocate_metrics.json", metrics)
+    from clusterft import plots
+
+    plots.allocation_heatmap(rank_cluster_counts(plan, clusters), out / "plots" / "allocation.png")
     return metrics

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             from clusterft.distributed import launch
 
             overrides = [a for o in args.overrides for a in ("--set", o)]
-            launch(cfg.train.nproc, ["train", "--params", args.params, "--method", args.method, *overrides])
+            launch(cfg.train.nproc, ["train", "--params", args.params, "--method", args.method, *overrides],
+                   max_restarts=cfg.train.max_restarts)
             return 0
         fn = stage_functions()[args.command]
         fn(cfg, args.method) if args.command in STAGES_WITH_METHOD else fn(cfg)

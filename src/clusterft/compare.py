@@ -1,7 +1,7 @@
 """Compare methods: wall-clock of every stage, end-to-end time, saving versus full, accuracy.
 
-End-to-end time of a method = the selection pipeline it needs (warmup + features +
-cluster, for cluster-based methods only) + select + allocate + train. Building the data
+End-to-end time of a method = the selection stages it needs (METHOD_NEEDS: warmup +
+features + cluster for `cluster`) + select + allocate + train. Building the data
 and the model, and evaluation, cost the same for every method and are shown apart.
 """
 
@@ -16,7 +16,8 @@ SHARED_STAGES = {"warmup": ("warmup", "metrics.json"), "features": ("features", 
                  "cluster": ("cluster", "metrics.json")}
 METHOD_STAGES = {"select": "select_metrics.json", "allocate": "allocate_metrics.json",
                  "train": "train_metrics.json", "evaluate": "eval.json"}
-CLUSTER_METHODS = ("cluster",)
+# The shared selection stages each method's end-to-end time includes.
+METHOD_NEEDS = {"cluster": ("warmup", "features", "cluster"), "cluster_paper": ("warmup", "features")}
 
 
 def collect(cfg: Any) -> dict[str, Any]:
@@ -40,7 +41,8 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
     for method, st in collected["methods"].items():
         row: dict[str, Any] = {"method": method}
         for s in SHARED_STAGES:
-            row[f"{s}_s"] = shared.get(s, {}).get("wall_clock_s", 0.0) if method in CLUSTER_METHODS else 0.0
+            needed = s in METHOD_NEEDS.get(method, ())
+            row[f"{s}_s"] = shared.get(s, {}).get("wall_clock_s", 0.0) if needed else 0.0
         for s in ("select", "allocate", "train"):
             row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))
         row["end_to_end_s"] = sum(row[f"{s}_s"] for s in (*SHARED_STAGES, "select", "allocate", "train"))

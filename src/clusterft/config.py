@@ -92,13 +92,29 @@ class WarmupConfig:
 
 @dataclass
 class FeaturesConfig:
-    kind: str = _f("lastlayer", "lastlayer (the paper's proxy)")
-    batch_size: int = _f(64, "samples per forward pass")
+    kind: str = _f("lora_grad", "lora_grad (per-sample LoRA gradients, LESS-style), lastlayer "
+                   "(the paper's last-layer proxy) or embedding (mean final hidden state over all "
+                   "non-pad tokens)")
+    batch_size: int = _f(64, "samples per forward (and backward) pass")
+    dim: int = _f(8192, "lora_grad: dimension the gradient is projected to")
+    projection: str = _f("rademacher", "lora_grad: rademacher or gaussian (seeded, generated in "
+                         "blocks), or none (store the raw gradient, one column per LoRA weight)")
+    seed: int = _f(0, "lora_grad: projection seed")
+    precondition: bool = _f(True, "lora_grad: Adam-precondition with the warmup optimizer's "
+                            "moments (as LESS does)")
+    projection_cache_mb: int = _f(2048, "lora_grad: keep the whole projection matrix in memory "
+                                  "when it fits this cap, else regenerate it block by block")
+    shard_size: int = _f(512, "samples per shard file: the unit of work split and of resume")
+    nproc: int = _f(2, "feature workers for `dvc repro` (torchrun --nproc_per_node)")
 
 
 @dataclass
 class ClusterConfig:
-    k: int = _f(16, "number of clusters (independent of the number of workers)")
+    k: int | str = _f(16, "clusters (independent of the workers), or 'auto' (best silhouette)")
+    k_min: int = _f(2, "k=auto: smallest K tried")
+    k_max: int = _f(64, "k=auto: largest K tried")
+    auto_sample: int = _f(3000, "k=auto: rows sampled to score each K")
+    backend: str = _f("auto", "auto (sklearn up to 50k rows, faiss above), sklearn or faiss")
     n_init: int = _f(4, "k-means restarts")
     seed: int = _f(0, "k-means seed")
 
@@ -107,8 +123,11 @@ class ClusterConfig:
 class SelectConfig:
     methods: list[str] = _f(["full", "cluster"], "methods the pipeline runs and compares")
     budget: float = _f(0.2, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
-    within: str = _f("far", "which samples a cluster keeps: far (from centre), near, random")
+    split: str = _f("waterfill", "budget split over clusters: waterfill, proportional, power")
+    tau: float = _f(0.5, "exponent of the power split: quota ~ n_k^tau (0 = equal, 1 = proportional)")
+    within: str = _f("far", "which samples a cluster keeps: far (from centre), near, random, kcenter")
     alpha: float = _f(1.0, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
+    paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
 
 
@@ -123,6 +142,8 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     seed: int = _f(0, "shuffling and initialisation seed")
     log_every: int = _f(20, "steps between progress lines")
+    checkpoint_every: int = _f(200, "steps between resumable checkpoints (0 = off)")
+    max_restarts: int = _f(1, "torchrun restarts after a worker dies (each resumes the checkpoint)")
 
 
 @dataclass
@@ -262,7 +283,9 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("select.budget", f"must be > 0 (a fraction in (0, 1] or a count > 1), got {b}")
     if b > 1 and b != int(b):
         bad("select.budget", f"a budget above 1 is a sample count and must be whole, got {b}")
-    if cfg.cluster.k < 1:
+    if isinstance(cfg.cluster.k, str) and cfg.cluster.k != "auto":
+        bad("cluster.k", f"must be a whole number or 'auto', got {cfg.cluster.k!r}")
+    if isinstance(cfg.cluster.k, int) and cfg.cluster.k < 1:
         bad("cluster.k", f"must be >= 1, got {cfg.cluster.k}")
     if cfg.train.nproc < 1:
         bad("train.nproc", f"must be >= 1, got {cfg.train.nproc}")
@@ -270,18 +293,25 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
     if cfg.features.kind not in FEATURE_KINDS:
         bad("features.kind", f"must be one of {FEATURE_KINDS}, got {cfg.features.kind!r}")
+    if cfg.features.projection not in FEATURE_PROJECTIONS:
+        bad("features.projection",
+            f"must be one of {FEATURE_PROJECTIONS}, got {cfg.features.projection!r}")
+    if cfg.features.projection_cache_mb < 0:
+        bad("features.projection_cache_mb", "must be >= 0")
     for m in cfg.select.methods:
         if m not in SELECT_METHODS:
             bad("select.methods", f"unknown method {m!r}; known: {SELECT_METHODS}")
     for key in ("train.epochs", "train.per_device_batch", "warmup.epochs", "warmup.batch_size",
-                "data.max_length", "features.batch_size", "evaluate.batch_size"):
+                "data.max_length", "features.batch_size", "features.dim", "features.shard_size",
+                "features.nproc", "evaluate.batch_size"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, "must be >= 1")
 
 
-FEATURE_KINDS = ("lastlayer",)
-SELECT_METHODS = ("full", "random", "cluster")
+FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding")
+FEATURE_PROJECTIONS = ("rademacher", "gaussian", "none")
+SELECT_METHODS = ("full", "random", "cluster", "cluster_paper")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

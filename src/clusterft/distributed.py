@@ -65,9 +65,10 @@ def torchrun_command(nproc: int, module_args: list[str], nnodes: int = 1,
     return launcher + list(extra or []) + ["-m", "clusterft.cli", *module_args]
 
 
-def launch(nproc: int, module_args: list[str], env: dict | None = None) -> None:
-    """Run a clusterft subcommand under torchrun and wait; raise on failure."""
-    cmd = torchrun_command(nproc, module_args)
+def launch(nproc: int, module_args: list[str], env: dict | None = None, max_restarts: int = 0) -> None:
+    """Run a clusterft subcommand under torchrun and wait; raise on failure. After a worker
+    dies, torchrun restarts all workers up to `max_restarts` times (they resume)."""
+    cmd = torchrun_command(nproc, module_args, extra=[f"--max-restarts={max_restarts}"])
     run_env = {**os.environ, **(env or {})}
     res = subprocess.run(cmd, env=run_env)
     if res.returncode != 0:

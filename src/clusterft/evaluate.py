@@ -73,6 +73,19 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
             "heldout_loss_by_skill": {k: float(np.mean(v)) for k, v in sorted(by.items())}}
 
 
+def check_skills(test: list[Example], train: list[Example], test_path: str, train_path: str) -> None:
+    """Every skill label in the test split must occur in train (else it cannot be scored fairly)."""
+    from clusterft.data import DataError
+
+    known = {e.skill for e in train if e.skill}
+    for ex in test:
+        if ex.skill and ex.skill not in known:
+            raise DataError(
+                f"{test_path}:{ex.meta.get('line', '?')}: skill '{ex.skill}' does not occur in "
+                f"{train_path} (known: {', '.join(sorted(known)) or 'none'})"
+            )
+
+
 def run_evaluate(cfg: Any, method: str) -> dict:
     """Stage `evaluate`: methods/<method>/eval.json from methods/<method>/model/."""
     from clusterft.artifacts import write_json
@@ -84,6 +97,7 @@ def run_evaluate(cfg: Any, method: str) -> dict:
     tokenizer = load_tokenizer(mdir / "model", cfg.model)
     model = load_model(mdir / "model", cfg.model)
     test = load_examples(cfg, "test")
+    check_skills(test, load_examples(cfg, "train"), cfg.data.test, cfg.data.train)
     e = cfg.evaluate
     answers = generate_answers(model, tokenizer, [x.prompt for x in test], e.batch_size, e.max_new_tokens)
     metrics = {"method": method, "n_test": len(test), **exact_match(test, answers)}

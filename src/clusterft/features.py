@@ -1,13 +1,29 @@
-"""Gradient features: one low-dimensional vector per training sample.
+"""Per-sample features, one function per kind, computed in resumable shards over workers.
 
-`lastlayer` is the paper's cheap proxy: for each response token, (p_y - 1) * h_last (the
-final hidden state scaled by the loss gradient w.r.t. the true token's logit), averaged
-over the response tokens; one forward pass, no backward. Shape [N, hidden_size].
+Kinds (`features.kind`), all computed through base model + warmup adapter:
+- lora_grad (default): gradient of the sample's mean response-token loss w.r.t. the LoRA
+  weights, exact and batched (clusterft.lora_grads); optionally Adam-preconditioned with
+  the warmup moments (LESS); then projected to `features.dim` by a seeded random matrix
+  (clusterft.projection). [N, dim], or [N, P] with projection `none`.
+- lastlayer: the paper's proxy: for each response token, (p_y - 1) * h_last (final hidden
+  state scaled by the loss gradient w.r.t. the true token's logit), averaged over the
+  response tokens; one forward pass, no backward. [N, hidden_size].
+- embedding (ablation): the final hidden state mean-pooled over all non-pad tokens, prompt
+  included (the usual sentence-embedding pooling: what the sample says, not how the model
+  would learn from it). [N, hidden_size].
+
+Stored rows are NOT L2-normalised: clustering and selection normalise rows themselves, and
+the raw norm (e.g. how large a sample's gradient is) stays available.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -15,57 +31,251 @@ from tqdm import tqdm
 
 from clusterft.data import IGNORE_INDEX, Encoded, collate
 
+MOMENTS_FILE = "adam_moments.safetensors"
+FEATURES_TIMEOUT_S = 24 * 3600  # ranks with fewer shards wait this long at the barrier
+SPEC_KEYS = ("kind", "dim", "projection", "seed", "precondition", "shard_size")  # change results
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Extractor:
+    """A feature kind bound to a model: collated batch -> [B, dim] float32."""
+
+    fn: Callable[[Batch], torch.Tensor]
+    dim: int
+    info: dict[str, Any] = field(default_factory=dict)  # recorded in the manifest
+
 
 @torch.no_grad()
+def lastlayer_batch(model: Any, batch: Batch) -> torch.Tensor:
+    """[B, H] last-layer gradient proxy: mean over response tokens of (p_y - 1) * h."""
+    res = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                output_hidden_states=True)
+    h = res.hidden_states[-1][:, :-1, :].float()  # state that predicts token t+1
+    labels = batch["labels"][:, 1:]
+    mask = labels != IGNORE_INDEX
+    logp = torch.log_softmax(res.logits[:, :-1, :].float(), dim=-1)
+    p_y = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1).exp()
+    coef = (p_y - 1.0) * mask
+    return (coef.unsqueeze(-1) * h).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+
+
+@torch.no_grad()
+def embedding_batch(model: Any, batch: Batch) -> torch.Tensor:
+    """[B, H] final hidden state averaged over the non-pad tokens (prompt and response)."""
+    res = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                output_hidden_states=True)
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return (res.hidden_states[-1].float() * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def _hidden_size(model: Any) -> int:
+    return int(model.get_input_embeddings().embedding_dim)
+
+
+def _lastlayer(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -> Extractor:
+    return Extractor(partial(lastlayer_batch, model), _hidden_size(model))
+
+
+def _embedding(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -> Extractor:
+    return Extractor(partial(embedding_batch, model), _hidden_size(model))
+
+
+@dataclass
+class LoraGradPipeline:
+    """batch -> per-sample LoRA gradients [B, P] -> Adam preconditioning (optional) ->
+    random projection [B, dim] (optional). `grads` is swappable (the benchmark's loop)."""
+
+    grads: Callable[[Batch], torch.Tensor]
+    moments: Any = None  # clusterft.lora_grads.AdamMoments
+    proj: Any = None  # clusterft.projection.RandomProjection
+
+    def transform(self, g: torch.Tensor) -> torch.Tensor:
+        """[B, P] raw gradients -> [B, dim] features."""
+        g = self.moments.precondition(g) if self.moments is not None else g
+        return self.proj(g) if self.proj is not None else g
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        return self.transform(self.grads(batch))
+
+
+def _lora_grad(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -> Extractor:
+    from clusterft.lora_grads import PerSampleLoraGrads, load_adam_moments
+    from clusterft.projection import RandomProjection
+
+    grads = PerSampleLoraGrads(model)
+    moments = (load_adam_moments(adapter_dir / MOMENTS_FILE, grads.names).to(device)
+               if fcfg.precondition else None)
+    proj = (None if fcfg.projection == "none" else
+            RandomProjection(grads.n_params, fcfg.dim, fcfg.projection, fcfg.seed,
+                             fcfg.projection_cache_mb, device))
+    info = {"n_lora_params": grads.n_params, "n_lora_modules": len(grads.sites),
+            "projection_cached": bool(proj is not None and proj.cached)}
+    return Extractor(LoraGradPipeline(grads, moments, proj), proj.dim if proj else grads.n_params, info)
+
+
+FEATURE_BUILDERS: dict[str, Callable[[Any, Any, Path, torch.device], Extractor]] = {
+    "lora_grad": _lora_grad, "lastlayer": _lastlayer, "embedding": _embedding,
+}
+
+
+def build_extractor(model: Any, fcfg: Any, adapter_dir: str | Path,
+                    device: torch.device | str = "cpu") -> Extractor:
+    """The extractor of kind `fcfg.kind` (see FEATURE_BUILDERS) on `model` (put in eval mode)."""
+    if fcfg.kind not in FEATURE_BUILDERS:
+        raise ValueError(f"unknown features.kind {fcfg.kind!r}; known: {sorted(FEATURE_BUILDERS)}")
+    model.eval()  # no dropout: deterministic features
+    return FEATURE_BUILDERS[fcfg.kind](model, fcfg, Path(adapter_dir), torch.device(device))
+
+
+def extract(ext: Extractor, encoded: list[Encoded], pad_id: int, batch_size: int,
+            device: torch.device | str = "cpu", bar: Any = None) -> np.ndarray:
+    """[n, dim] float32 rows in input order; batches group similar lengths (less padding)."""
+    order = np.argsort([e.n_tokens for e in encoded], kind="stable")
+    out = np.empty((len(encoded), ext.dim), dtype=np.float32)
+    for i in range(0, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        batch = {k: v.to(device) for k, v in collate([encoded[j] for j in idx], pad_id).items()}
+        out[idx] = ext.fn(batch).detach().float().cpu().numpy()
+        if bar is not None:
+            bar.update(len(idx))
+    return out
+
+
 def lastlayer_features(model: Any, encoded: list[Encoded], pad_id: int, batch_size: int = 64,
                        progress: bool = True) -> np.ndarray:
     """[N, H] float32 last-layer gradient proxy (not normalised)."""
     model.eval()
-    out: list[np.ndarray] = []
-    for i in tqdm(range(0, len(encoded), batch_size), desc="features", unit="batch",
-                  disable=not progress):
-        batch = collate(encoded[i : i + batch_size], pad_id)
-        res = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    output_hidden_states=True)
-        h = res.hidden_states[-1][:, :-1, :].float()  # state that predicts token t+1
-        labels = batch["labels"][:, 1:]
-        mask = labels != IGNORE_INDEX
-        logp = torch.log_softmax(res.logits[:, :-1, :].float(), dim=-1)
-        p_y = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1).exp()
-        coef = (p_y - 1.0) * mask
-        feat = (coef.unsqueeze(-1) * h).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-        out.append(feat.cpu().numpy().astype(np.float32))
-    return np.concatenate(out)
+    ext = Extractor(partial(lastlayer_batch, model), _hidden_size(model))
+    with tqdm(total=len(encoded), desc="features", unit="sample", disable=not progress) as bar:
+        return extract(ext, encoded, pad_id, batch_size, bar=bar)
+
+
+def _digest_encoded(encoded: list[Encoded]) -> str:
+    """Hash of every sample's id, tokens and label mask (data, template, tokenizer, length)."""
+    h = hashlib.sha1()
+    for e in encoded:
+        h.update(repr((e.id, e.input_ids, e.labels)).encode())
+    return h.hexdigest()
+
+
+def _digest_folder(folder: Path, content: bool) -> str:
+    """Hash of a folder's files: their bytes (small adapters) or name/size/mtime (big models)."""
+    h = hashlib.sha1()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(folder)}:{st.st_size}".encode())
+        h.update(f.read_bytes() if content else str(st.st_mtime_ns).encode())
+    return h.hexdigest()
+
+
+def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], base: Path, adapter: Path) -> dict:
+    """What shards depend on; shards made under another spec are discarded."""
+    return {"features": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "dim": dim, "n": len(encoded),
+            "data": _digest_encoded(encoded), "adapter": _digest_folder(adapter, content=True),
+            "model": _digest_folder(base, content=False) if base.is_dir() else str(base)}
+
+
+def compute_shards(ext: Extractor, encoded: list[Encoded], todo: list[int],
+                   ranges: list[tuple[int, int]], folder: Path, pad_id: int, batch_size: int,
+                   device: torch.device, rank: int = 0) -> int:
+    """Compute and atomically save shards `todo`; returns the number of samples computed."""
+    from clusterft.artifacts import save_npy
+    from clusterft.shards import shard_path
+
+    total = sum(ranges[i][1] - ranges[i][0] for i in todo)
+    with tqdm(total=total, desc=f"features[rank {rank}]", unit="sample", position=rank,
+              dynamic_ncols=True) as bar:
+        for i in todo:
+            start, stop = ranges[i]
+            feats = extract(ext, encoded[start:stop], pad_id, batch_size, device, bar)
+            save_npy(shard_path(folder, i, ranges[i]), feats)
+    return total
+
+
+def _sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    """Element-wise sum over the torchrun world (also a barrier); identity for a world of one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return [int(v) for v in t.tolist()]
 
 
 def run_features(cfg: Any) -> dict:
-    """Stage `features`: features/features.npy [N, D] float32 + features/manifest.json."""
-    import time
+    """Stage `features`: features/features.npy [N, D] float32, manifest.json, metrics.json.
 
-    from clusterft.artifacts import save_npy, write_json
-    from clusterft.data import encode_all, load_examples
-    from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
+    Under torchrun every rank computes its share of the missing shards; without it the
+    process is a world of one. Returns the metrics (on every rank)."""
+    import torch.distributed as dist
+
+    from clusterft.distributed import cleanup, init_distributed
 
     start = time.perf_counter()
-    base = base_model_dir(cfg)
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    info = init_distributed(timeout_s=FEATURES_TIMEOUT_S)
+    try:
+        return _run_features(cfg, info, start)
+    finally:
+        if owns_group:
+            cleanup()
+
+
+def _run_features(cfg: Any, info: Any, start: float) -> dict:
+    """Shard plan -> this rank's missing shards -> rank 0 merges (see run_features)."""
+    from clusterft.artifacts import read_json
+    from clusterft.data import encode_all, load_examples
+    from clusterft.distributed import barrier
+    from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
+    from clusterft.shards import missing_shards, prepare_shard_dir, shard_ranges
+
+    fcfg = cfg.features
+    base, adapter = base_model_dir(cfg), cfg.artifact("warmup", "adapter")
     tokenizer = load_tokenizer(base, cfg.model)
     examples = load_examples(cfg, "train")
     encoded = encode_all(examples, tokenizer, cfg.data.max_length)
-    model = load_with_adapter(base, cfg.artifact("warmup", "adapter"), cfg.model)
-    feats = lastlayer_features(model, encoded, tokenizer.pad_token_id, cfg.features.batch_size)
+    model = load_with_adapter(base, adapter, cfg.model).to(info.device)
+    ext = build_extractor(model, fcfg, adapter, info.device)
     out = cfg.artifact("features")
-    save_npy(out / "features.npy", feats)
+    folder, ranges = out / "shards", shard_ranges(len(encoded), fcfg.shard_size)
+    if info.is_main:
+        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, Path(base), adapter))
+    barrier()
+    todo = missing_shards(folder, ranges, ext.dim)
+    barrier()  # every rank listed the same missing shards before any is written
+    mine = todo[info.rank :: info.world_size]
+    n_done = compute_shards(ext, encoded, mine, ranges, folder, tokenizer.pad_token_id,
+                            fcfg.batch_size, info.device, info.rank)
+    samples, shards = _sum_over_ranks([n_done, len(mine)], info.device)
+    if info.is_main:
+        stats = {"samples_computed": samples, "shards_computed": shards,
+                 "shards_reused": len(ranges) - shards, "n_shards": len(ranges),
+                 "world_size": info.world_size, **ext.info}
+        _finish(cfg, ext.dim, [e.id for e in examples], stats, start)
+    barrier()
+    return read_json(out / "metrics.json")
+
+
+def _finish(cfg: Any, dim: int, ids: list[str], stats: dict, start: float) -> None:
+    """Rank 0: merge shards into features.npy, write manifest + metrics, drop the shards."""
+    from clusterft.artifacts import write_json
+    from clusterft.model import base_model_dir
+    from clusterft.shards import merge_shards, remove_shard_dir, shard_ranges
+
+    fcfg, out = cfg.features, cfg.artifact("features")
+    ranges = shard_ranges(len(ids), fcfg.shard_size)
+    merge_shards(out / "shards", ranges, dim, out / "features.npy")
     seconds = time.perf_counter() - start
     manifest = {
-        "kind": cfg.features.kind,
-        "n": int(feats.shape[0]),
-        "dim": int(feats.shape[1]),
-        "model": str(base),
-        "ids": [e.id for e in examples],
-        "wall_clock_s": seconds,
-        "samples_per_s": feats.shape[0] / seconds,
+        "kind": fcfg.kind, "n": len(ids), "dim": dim, "model": str(base_model_dir(cfg)),
+        "adapter": str(cfg.artifact("warmup", "adapter")), "ids": ids,
+        "params": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "normalised": False,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_clock_s": seconds, "samples_per_s": stats["samples_computed"] / seconds, **stats,
     }
     write_json(out / "manifest.json", manifest)
-    metrics = {k: v for k, v in manifest.items() if k != "ids"}
-    write_json(out / "metrics.json", metrics)
-    return metrics
+    write_json(out / "metrics.json", {k: v for k, v in manifest.items() if k != "ids"})
+    remove_shard_dir(out / "shards")

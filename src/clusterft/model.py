@@ -98,9 +98,12 @@ def load_tokenizer(path: str | Path, mcfg: ModelConfig | None = None) -> Any:
     from transformers import AutoTokenizer
 
     mcfg = mcfg or ModelConfig()
+    _check_model_dir(Path(path), mcfg)
     kwargs: dict[str, Any] = {"trust_remote_code": mcfg.trust_remote_code}
     if mcfg.gguf_file:
         kwargs["gguf_file"] = mcfg.gguf_file
+    elif not any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise ModelError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
     tok = AutoTokenizer.from_pretrained(str(path), **kwargs)
     if tok.eos_token_id is None:
         raise ModelError(f"{path}: tokenizer has no eos token; set one in tokenizer_config.json")

@@ -40,29 +40,56 @@ def budget_count(budget: float, n: int) -> int:
     return max(1, m)
 
 
-def waterfill(sizes: np.ndarray, total: int) -> np.ndarray:
-    """Split `total` over clusters: equal shares, capped at size, leftover redistributed.
+def split_budget(sizes: np.ndarray, total: int, tau: float = 0.0) -> np.ndarray:
+    """Integer quota per cluster proportional to n_k^tau, capped at n_k, summing to `total`.
 
-    Exact: the result sums to `total` (which must not exceed sizes.sum()). Remainders go to
-    the clusters with the most spare capacity, ties to the lower index (deterministic).
+    tau = 0 is water-filling (equal shares, capped, leftover redistributed); tau = 1 is
+    proportional to cluster size. Capped clusters are fixed and the rest is re-split until
+    no share exceeds its cluster; fractions are rounded by largest remainder (ties: lower
+    index), so the result is exact and deterministic.
     """
     sizes = np.asarray(sizes, dtype=np.int64)
     if total > sizes.sum():
         raise SelectionError(f"budget {total} exceeds the {int(sizes.sum())} samples available")
     quota = np.zeros_like(sizes)
-    left = total
+    free = sizes > 0
+    left = int(total)
     while left > 0:
-        open_ = np.flatnonzero(quota < sizes)
-        share = left // len(open_)
-        if share == 0:
-            spare = sizes[open_] - quota[open_]
-            order = open_[np.lexsort((open_, -spare))][:left]
-            quota[order] += 1
-            break
-        add = np.minimum(share, sizes[open_] - quota[open_])
-        quota[open_] += add
-        left -= int(add.sum())
+        idx = np.flatnonzero(free)
+        mass = sizes[idx].astype(np.float64) ** tau
+        share = left * mass / mass.sum()
+        over = share >= sizes[idx]
+        if over.any():
+            quota[idx[over]] = sizes[idx[over]]
+            free[idx[over]] = False
+            left -= int(sizes[idx[over]].sum())
+            continue
+        base = np.floor(share).astype(np.int64)
+        rest = left - int(base.sum())
+        order = np.lexsort((idx, -(share - base)))[:rest]
+        base[order] += 1
+        quota[idx] = base
+        left = 0
     return quota
+
+
+def waterfill(sizes: np.ndarray, total: int) -> np.ndarray:
+    """Equal quota per cluster, capped at its size, leftover redistributed (exact)."""
+    return split_budget(sizes, total, tau=0.0)
+
+
+SPLIT_TAU = {"waterfill": 0.0, "proportional": 1.0}
+
+
+def kcenter_greedy(x: np.ndarray, m: int, start: int) -> np.ndarray:
+    """m row indices of x covering it best: each pick is the row farthest from those chosen."""
+    chosen = [start]
+    dist = np.linalg.norm(x - x[start], axis=1)
+    for _ in range(m - 1):
+        nxt = int(np.argmax(dist))
+        chosen.append(nxt)
+        dist = np.minimum(dist, np.linalg.norm(x - x[nxt], axis=1))
+    return np.asarray(chosen, dtype=np.int64)
 
 
 def unbiased_weights(sizes: np.ndarray, quotas: np.ndarray, clusters: np.ndarray, alpha: float = 1.0) -> np.ndarray:
@@ -90,14 +117,19 @@ def select_cluster(
     seed: int,
     within: str = "far",
     alpha: float = 1.0,
+    split: str = "waterfill",
+    tau: float = 0.5,
 ) -> Selection:
-    """Water-filled quotas per cluster; inside a cluster keep far/near/random samples."""
+    """Quotas per cluster by `split` (waterfill, proportional, power with n_k^tau); inside a
+    cluster keep the samples farthest from / nearest to the centre, random, or k-center."""
     from clusterft.clustering import l2_normalize
 
     n = len(labels)
     k = len(centers)
     sizes = np.bincount(labels, minlength=k)
-    quotas = waterfill(sizes, budget_count(budget, n))
+    if split not in (*SPLIT_TAU, "power"):
+        raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
+    quotas = split_budget(sizes, budget_count(budget, n), SPLIT_TAU.get(split, tau))
     rng = np.random.default_rng(seed)
     x = l2_normalize(np.asarray(features, dtype=np.float32))
     kept: list[np.ndarray] = []
@@ -111,12 +143,67 @@ def select_cluster(
             dist = np.linalg.norm(x[members] - centers[c], axis=1)
             order = np.lexsort((members, -dist if within == "far" else dist))
             pick = members[order[: quotas[c]]]
+        elif within == "kcenter":  # start from the point farthest from the centre
+            xm = x[members]
+            start = int(np.argmax(np.linalg.norm(xm - centers[c], axis=1)))
+            pick = members[kcenter_greedy(xm, int(quotas[c]), start)]
         else:
-            raise SelectionError(f"select.within must be far, near or random, got {within!r}")
+            raise SelectionError(
+                f"select.within must be far, near, random or kcenter, got {within!r}")
         kept.append(pick)
     rows = np.sort(np.concatenate(kept)).astype(np.int64)
     clusters = labels[rows].astype(np.int64)
     return Selection(rows, clusters, unbiased_weights(sizes, quotas, clusters, alpha))
+
+
+def soft_cap_reassign(x: np.ndarray, labels: np.ndarray, centers: np.ndarray, cap: int,
+                      n_near: int = 8) -> np.ndarray:
+    """The reference code's balancing: when the largest cluster exceeds `cap`, points are
+    reassigned greedily (closest points first) to the nearest of their `n_near` nearest
+    centres that still has room; a point with no room anywhere keeps its nearest centre."""
+    k = len(centers)
+    if np.bincount(labels, minlength=k).max() <= cap:
+        return labels
+    dist = np.linalg.norm(x[:, None, :] - centers[None, :, :], axis=2)  # [N, K]
+    near = np.argsort(dist, axis=1, kind="stable")[:, : min(n_near, k)]
+    out = np.empty_like(labels)
+    count = np.zeros(k, dtype=np.int64)
+    for i in np.lexsort((np.arange(len(x)), dist.min(axis=1))):
+        room = [c for c in near[i] if count[c] < cap]
+        c = room[0] if room else near[i, 0]
+        out[i] = c
+        count[c] += 1
+    return out
+
+
+def select_cluster_paper(features: np.ndarray, world_size: int, ratio: float, seed: int) -> Selection:
+    """CluSTER reference rules: K = world size, k-means (n_init=10), soft cap ceil(1.5 N/K),
+    every cluster cut to floor(min size * ratio) keeping the farthest from its centre, and
+    weight K * n_k / N for every sample of cluster k (the per-rank loss weight)."""
+    from clusterft.clustering import kmeans, l2_normalize
+
+    if not 0 < ratio <= 1:
+        raise SelectionError(f"select.paper_ratio must be in (0, 1], got {ratio}")
+    x = l2_normalize(np.asarray(features, dtype=np.float32))
+    n, k = len(x), world_size
+    c = kmeans(x, k, n_init=10, seed=seed)
+    labels = soft_cap_reassign(x, c.labels, c.centers, int(np.ceil(1.5 * n / k)))
+    sizes = np.bincount(labels, minlength=k)
+    m = int(np.floor(sizes.min() * ratio))
+    if m < 1:
+        raise SelectionError(
+            f"cluster_paper: smallest of {k} clusters has {sizes.min()} samples; "
+            f"floor({sizes.min()} * {ratio}) leaves nothing to train"
+        )
+    rows, weights = [], []
+    for j in range(k):
+        members = np.flatnonzero(labels == j)
+        dist = np.linalg.norm(x[members] - c.centers[j], axis=1)
+        rows.append(members[np.lexsort((members, -dist))[:m]])
+    rows_a = np.sort(np.concatenate(rows)).astype(np.int64)
+    clusters = labels[rows_a].astype(np.int64)
+    weights = (k * sizes / n)[clusters]
+    return Selection(rows_a, clusters, weights)
 
 
 def write_selection(path, selection: Selection, ids: list[str]) -> None:
@@ -137,6 +224,21 @@ def read_selection(path) -> dict[str, list]:
         for k in cols:
             cols[k].append(rec[k])
     return cols
+
+
+def _plot_selection(cfg, sel: Selection, plot_dir) -> None:
+    """Cluster sizes before/after (against the k-means clusters when they exist) and weights."""
+    from clusterft import plots
+    from clusterft.artifacts import load_npy
+
+    labels_path = cfg.artifact("cluster", "labels.npy")
+    if labels_path.exists():
+        labels = load_npy(labels_path)
+        k = int(labels.max()) + 1
+        before = np.bincount(labels, minlength=k)
+        after = np.bincount(labels[sel.rows], minlength=k)
+        plots.cluster_sizes(before, after, plot_dir / "cluster_sizes.png")
+    plots.weight_histogram(sel.weights, plot_dir / "weights.png")
 
 
 def run_select(cfg, method: str) -> dict:
@@ -164,11 +266,16 @@ def run_select(cfg, method: str) -> dict:
         sel = select_cluster(
             labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True),
             load_npy(cfg.artifact("cluster", "centers.npy")), s.budget, s.seed, s.within, s.alpha,
+            s.split, s.tau,
         )
+    elif method == "cluster_paper":
+        sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
+                                   s.paper_ratio, s.seed)
     else:
         raise SelectionError(f"unknown select method {method!r}")
     out = cfg.artifact("methods", method)
     write_selection(out / "selection.jsonl", sel, ids)
+    _plot_selection(cfg, sel, out / "plots")
     metrics = {
         "method": method,
         "n_train": n,

@@ -30,14 +30,30 @@ def _numeric(d: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+SERIES_KEYS = ("loss", "weighted_loss", "lr", "step_s", "compute_s", "sync_s")
+
+
+def _log_series(run_id: str, series: list[dict], batch: int = 900) -> None:
+    """Per-step curves in batches (one call per step is slow on a sqlite store)."""
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    points = [Metric(k, float(rec[k]), now, int(rec["step"])) for rec in series for k in SERIES_KEYS if k in rec]
+    client = MlflowClient()
+    for i in range(0, len(points), batch):
+        client.log_batch(run_id, metrics=points[i : i + batch])
+
+
 def _log_stage(mlflow: Any, name: str, metrics: dict[str, Any], series: list[dict] | None = None) -> None:
-    with mlflow.start_run(run_name=name, nested=True):
+    with mlflow.start_run(run_name=name, nested=True) as run:
         mlflow.set_tag("clusterft.stage", name)
         mlflow.log_metrics(_numeric(metrics))
         mlflow.log_dict(metrics, f"{name}.json")
-        for rec in series or []:
-            mlflow.log_metrics({k: float(v) for k, v in rec.items()
-                                if k in ("loss", "weighted_loss", "lr", "step_s")}, step=int(rec["step"]))
+        if series:
+            _log_series(run.info.run_id, series)
 
 
 def log_pipeline(cfg: Any, collected: dict[str, Any], rows: list[dict[str, Any]],
@@ -58,6 +74,8 @@ def log_pipeline(cfg: Any, collected: dict[str, Any], rows: list[dict[str, Any]]
                 mlflow.set_tag("clusterft.method", method)
                 mlflow.log_metrics(_numeric({k: v for k, v in row.items() if k != "method"}))
                 mdir = cfg.artifact("methods", method)
+                if (mdir / "plots").is_dir():
+                    mlflow.log_artifacts(str(mdir / "plots"), artifact_path="plots")
                 for stage, metrics in collected["methods"].get(method, {}).items():
                     series = None
                     if stage == "train" and (mdir / "train_log.jsonl").exists():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,91 @@ def cosine_schedule(optimizer: torch.optim.Optimizer, total_steps: int, warmup_r
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def sync_gradients(params: list[torch.nn.Parameter], world_size: int, extra: torch.Tensor) -> torch.Tensor:
+    """All-reduce-mean the gradients (one flat buffer) plus `extra` scalars; returns the
+    reduced extras. Time spent here = communication + waiting for the slowest rank."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [extra.reshape(-1)])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        if p.grad is None:
+            p.grad = g
+        p.grad.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+    return flat[offset:] * world_size
+
+
+CHECKPOINT_FILES = ("trainable.safetensors", "optimizer.pt", "meta.json")
+
+
+def run_digest(plan: AllocationPlan, weights: np.ndarray, *hyper: float) -> str:
+    """Identity of a training run (plan, weights, hyper-parameters): a checkpoint is only
+    resumed by the run that wrote it."""
+    import hashlib
+
+    h = hashlib.sha1(plan.table.tobytes())
+    h.update(np.asarray(weights, dtype=np.float64).tobytes())
+    h.update(repr(hyper).encode())
+    return h.hexdigest()
+
+
+def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, next_step: int,
+                    digest: str, history: list[dict]) -> None:
+    """Trainable weights (safetensors), optimizer/scheduler/RNG state and plan position,
+    written to a temp folder and swapped in, so a crash never leaves half a checkpoint."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from clusterft.artifacts import ensure_dir
+
+    tmp = ckpt_dir.with_name(ckpt_dir.name + ".tmp")
+    old = ckpt_dir.with_name(ckpt_dir.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ensure_dir(tmp)
+    save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+              str(tmp / "trainable.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+    (tmp / "meta.json").write_text(json.dumps({"next_step": next_step, "plan": digest, "history": history}))
+    if ckpt_dir.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        ckpt_dir.rename(old)
+    tmp.rename(ckpt_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, digest: str) -> tuple[int, list[dict]]:
+    """Restore a checkpoint written for the same plan; (next step, history so far) or (0, [])."""
+    from safetensors.torch import load_file
+
+    for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
+        if all((d / f).exists() for f in CHECKPOINT_FILES):
+            break
+    else:
+        return 0, []
+    meta = json.loads((d / "meta.json").read_text())
+    if meta["plan"] != digest:
+        log.warning("%s: checkpoint is for another plan; starting from scratch", d)
+        return 0, []
+    state = load_file(str(d / "trainable.safetensors"))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(state[n])
+    rest = torch.load(d / "optimizer.pt", weights_only=True)
+    opt.load_state_dict(rest["optimizer"])
+    sched.load_state_dict(rest["scheduler"])
+    torch.set_rng_state(rest["rng"])
+    log.info("resumed from %s at step %d", d, meta["next_step"])
+    return int(meta["next_step"]), meta["history"]
+
+
 def train_on_plan(
     model: Any,
     encoded: list[Encoded],
@@ -57,40 +143,100 @@ def train_on_plan(
     weight_decay: float = 0.0,
     log_every: int = 20,
     device: torch.device | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 0,
 ) -> list[dict]:
-    """Run the plan for this rank; return rank-local step records (loss, times)."""
+    """Run the plan for this rank; return rank-local step records (loss, times).
+
+    With several ranks, forward/backward run under DDP's no_sync and the gradients are
+    then all-reduced explicitly, so each step's compute time and sync time (communication
+    plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
+    state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
+    every `checkpoint_every` steps and every rank resumes from the last checkpoint."""
+    from contextlib import nullcontext
+
     device = device or torch.device("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     total = plan.epochs * plan.steps_per_epoch
     sched = cosine_schedule(opt, total, warmup_ratio)
     step_sizes = plan.step_sizes()
     w_all = torch.tensor(weights, dtype=torch.float32)
+    distributed = plan.world_size > 1
     history: list[dict] = []
+    start_step = 0
+    digest = run_digest(plan, weights, lr, warmup_ratio, weight_decay)
+    if checkpoint_dir is not None:
+        start_step, history = load_checkpoint(checkpoint_dir, model, opt, sched, digest)
     model.train()
     t0 = time.perf_counter()
     for g, (epoch, step, idx) in enumerate(plan.rank_batches(rank)):
+        if g < start_step:
+            continue
         ts = time.perf_counter()
         batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
         scale = plan.world_size / float(step_sizes[epoch, step])
-        loss, losses = weighted_loss(model, batch, w_all[idx].to(device), scale)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        with model.no_sync() if distributed else nullcontext():
+            loss, losses = weighted_loss(model, batch, w_all[idx].to(device), scale)
+            loss.backward()
+        compute_s = time.perf_counter() - ts
+        step_loss = loss.detach() / scale  # this rank's share of the global weighted mean
+        if distributed:
+            step_loss = sync_gradients(params, plan.world_size, step_loss.reshape(1))[0]
+        sync_s = time.perf_counter() - ts - compute_s
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         rec = {
             "step": g, "epoch": epoch, "loss": float(losses.mean()),
-            "weighted_loss": loss.item() / scale / max(1, len(idx)),
+            "weighted_loss": float(step_loss) / float(step_sizes[epoch, step]),
             "lr": sched.get_last_lr()[0], "samples": int(len(idx)),
-            "tokens": int(batch["attention_mask"].sum()), "step_s": time.perf_counter() - ts,
+            "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
+            "step_s": time.perf_counter() - ts,
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         }
         history.append(rec)
+        if checkpoint_dir is not None and checkpoint_every and rank == 0 and (g + 1) % checkpoint_every == 0 \
+                and g + 1 < total:
+            save_checkpoint(checkpoint_dir, model, opt, sched, g + 1, digest, history)
         if rank == 0 and (g % log_every == 0 or g == total - 1):
             el = time.perf_counter() - t0
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g + 1, total,
-                     rec["loss"], rec["lr"], 1000 * el / (g + 1))
+                     rec["weighted_loss"], rec["lr"], 1000 * el / (g + 1 - start_step))
     return history
+
+
+def gather_rank_timings(history: list[dict], world_size: int) -> list[dict]:
+    """Per step, every rank's compute/sync seconds and tokens (lists indexed by rank)."""
+    import torch.distributed as dist
+
+    mine = [(h["compute_s"], h["sync_s"], h["tokens"]) for h in history]
+    ranks = [mine]
+    if world_size > 1:
+        ranks = [None] * world_size
+        dist.all_gather_object(ranks, mine)
+    return [
+        {"rank_compute_s": [r[i][0] for r in ranks], "rank_sync_s": [r[i][1] for r in ranks],
+         "rank_tokens": [r[i][2] for r in ranks]}
+        for i in range(len(history))
+    ]
+
+
+def wait_summary(history: list[dict]) -> dict[str, float]:
+    """Totals over the run: compute and sync seconds per rank, and the straggler cost
+    (sum over steps of the slowest rank's compute minus the mean rank's compute)."""
+    comp = np.array([h["rank_compute_s"] for h in history])
+    sync = np.array([h["rank_sync_s"] for h in history])
+    tokens = np.array([h["rank_tokens"] for h in history], dtype=float)
+    return {
+        "compute_s_per_rank": comp.sum(0).round(3).tolist(),
+        "sync_s_per_rank": sync.sum(0).round(3).tolist(),
+        "sync_fraction": float(sync.sum() / max(1e-9, comp.sum() + sync.sum())),
+        "straggler_s": float((comp.max(1) - comp.mean(1)).sum()),
+        "token_imbalance_mean": float((tokens.max(1) / np.maximum(1, tokens.mean(1))).mean()),
+    }
 
 
 def _build_model(cfg: Any, info: Any) -> tuple[Any, Any]:
@@ -124,6 +270,8 @@ def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
 
 def run_train(cfg: Any, method: str) -> dict:
     """Stage `train`: follows methods/<m>/plan.npy; writes model/, train_metrics.json."""
+    import shutil
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from clusterft import distributed
@@ -151,10 +299,14 @@ def run_train(cfg: Any, method: str) -> dict:
     history = train_on_plan(
         model, encoded, np.asarray(sel["weight"]), plan, info.rank, tokenizer.pad_token_id,
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
+        checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
     )
     loop_s = time.perf_counter() - loop_start
+    per_rank = gather_rank_timings(history, info.world_size)
     metrics: dict[str, Any] = {}
     if info.is_main:
+        for h, timings in zip(history, per_rank):
+            h.update(timings)
         inner = model.module if info.world_size > 1 else model
         save_trained(inner, tokenizer, mdir / "model")
         tail = history[-max(1, len(history) // 10):]
@@ -165,10 +317,12 @@ def run_train(cfg: Any, method: str) -> dict:
             "steps": len(history),
             "samples_seen_rank0": sum(h["samples"] for h in history),
             "train_loop_s": loop_s,
-            "final_loss": float(np.mean([h["loss"] for h in tail])),
+            "final_loss": float(np.mean([h["weighted_loss"] for h in tail])),
+            **wait_summary(history),
             "wall_clock_s": time.perf_counter() - start,
         }
         atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        shutil.rmtree(mdir / "checkpoint", ignore_errors=True)  # the run is complete
         write_json(mdir / "train_metrics.json", metrics)
     distributed.barrier()
     distributed.cleanup()

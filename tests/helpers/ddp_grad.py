@@ -12,9 +12,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from clusterft import distributed
 from clusterft.allocation import AllocationPlan
-from clusterft.data import Encoded, collate
+from clusterft.data import collate
 from clusterft.model import load_model
-from clusterft.train import weighted_loss
+from clusterft.train import sync_gradients, weighted_loss
 from tests.helpers.grad_case import CASE_PLAN, CASE_WEIGHTS, case_samples
 
 
@@ -26,8 +26,11 @@ def main(model_dir: str, out: str) -> None:
     (_, _, idx), = list(plan.rank_batches(info.rank))
     batch = collate([samples[i] for i in idx], 0)
     w = torch.tensor(CASE_WEIGHTS, dtype=torch.float32)[idx]
-    loss, _ = weighted_loss(model, batch, w, plan.world_size / float(plan.step_sizes()[0, 0]))
-    loss.backward()
+    with model.no_sync():  # the trainer's path: local backward, then an explicit all-reduce
+        loss, _ = weighted_loss(model, batch, w, plan.world_size / float(plan.step_sizes()[0, 0]))
+        loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    sync_gradients(params, info.world_size, loss.detach().reshape(1))
     if info.is_main:
         save_file({n: p.grad.contiguous() for n, p in model.module.named_parameters()}, out)
     distributed.barrier()

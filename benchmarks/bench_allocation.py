@@ -1,0 +1,52 @@
+"""Allocation quality on the pipeline's own selection: our balanced plan versus a shuffled
+DistributedSampler, side by side, for 2, 4 and 8 ranks.
+
+Needs a finished pipeline run (artifacts/methods/<method>/selection.jsonl): `dvc repro`.
+Usage: python benchmarks/bench_allocation.py [--params params.yaml] [--method cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from clusterft.allocation import build_plan, plan_metrics
+from clusterft.config import load_config
+from clusterft.data import encode_all, load_examples
+from clusterft.model import base_model_dir, load_tokenizer
+from clusterft.selection import read_selection
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--method", default="cluster")
+    ap.add_argument("--ranks", default="2,4,8")
+    args = ap.parse_args()
+    cfg = load_config(args.params)
+    sel = read_selection(cfg.artifact("methods", args.method, "selection.jsonl"))
+    clusters = np.asarray(sel["cluster"])
+    examples = load_examples(cfg, "train")
+    tok = load_tokenizer(base_model_dir(cfg), cfg.model)
+    lengths = np.array([e.n_tokens for e in encode_all([examples[r] for r in sel["row"]], tok, cfg.data.max_length)])
+    b = cfg.train.per_device_batch
+    print(f"selection: {args.method}, {len(clusters)} samples, {len(set(clusters))} clusters, "
+          f"tokens/sample {lengths.min()}-{lengths.max()} (mean {lengths.mean():.1f}), per-device batch {b}")
+    print("| ranks | plan | token imbalance (max/mean) | worst step | padded-cost imbalance | padding fraction "
+          "| coverage error (max) | rank x cluster coverage | build s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for world in map(int, args.ranks.split(",")):
+        for mode, label in (("balanced", "clusterft"), ("shuffle", "DistributedSampler")):
+            t = time.perf_counter()
+            plan = build_plan(clusters, world, b, 1, cfg.train.seed, mode, lengths)
+            secs = time.perf_counter() - t
+            m = plan_metrics(plan, clusters, lengths)
+            print(f"| {world} | {label} | {m['token_imbalance_mean']:.3f} | {m['token_imbalance_max']:.3f} "
+                  f"| {m['padded_imbalance_mean']:.3f} | {m['padding_fraction']:.3f} | {m['coverage_error_max']:.2f} "
+                  f"| {m['rank_cluster_coverage']:.2f} | {secs:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

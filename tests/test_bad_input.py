@@ -1,0 +1,182 @@
+"""Bad input through the real CLI: a clear message naming file / line / key, exit code 2,
+and nothing already computed is lost."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from clusterft.cli import main
+from tests.conftest import tiny_params, write_params
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A tiny project with data, model, fake features and clusters already computed."""
+    root = tmp_path_factory.mktemp("bad")
+    params = write_params(root, tiny_params(root))
+    assert main(["make-benchmark", "--params", str(params)]) == 0
+    assert main(["prepare-model", "--params", str(params)]) == 0
+    art = root / "artifacts"
+    (art / "features").mkdir()
+    np.save(art / "features/features.npy", np.random.default_rng(0).normal(size=(240, 8)).astype(np.float32))
+    assert main(["cluster", "--params", str(params)]) == 0
+    return root, params
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def snapshot(root):
+    return {p: p.read_bytes() for p in sorted((root / "artifacts").rglob("*")) if p.is_file()}
+
+
+CASES = [
+    # (id, setup(root) -> argv list, expected message parts)
+    ("invalid-json", lambda r: _data(r, b'{"instruction": "x", "output": "y"}\n{"instruction": \n'),
+     [":2:", "invalid JSON"]),
+    ("empty-file", lambda r: _data(r, b""), ["no records (the file is empty)"]),
+    ("missing-field", lambda r: _data(r, b'{"instruction": "x"}\n'), [":1:", "missing field 'output'"]),
+    ("wrong-type", lambda r: _data(r, b'{"instruction": "x", "output": 7}\n'), [":1:", "'output' must be a string"]),
+    ("not-utf8", lambda r: _data(r, b'{"instruction": "x", "output": "\xff"}\n'), [":1:", "not valid UTF-8"]),
+    ("duplicate-id", lambda r: _data(r, b'{"id": 1, "instruction": "x", "output": "y"}\n'
+                                         b'{"id": 1, "instruction": "z", "output": "y"}\n'),
+     [":2:", "duplicate id '1'"]),
+    ("wrong-schema", lambda r: _data(r, b'{"prompt": "x", "completion": "y"}\n'), [":1:", "neither Alpaca form"]),
+    ("missing-data-file", lambda r: _edit(r, lambda p: p["data"].update(train=str(r / "nope.jsonl")),
+                                          "select", "--method", "full"), ["nope.jsonl", "not found"]),
+    ("budget-zero", lambda r: _edit(r, lambda p: p["select"].update(budget=0), "select", "--method", "cluster"),
+     ["select.budget", "> 0"]),
+    ("budget-fraction-above-one", lambda r: _edit(r, lambda p: p["select"].update(budget=1.5), "select",
+                                                  "--method", "cluster"), ["select.budget", "whole"]),
+    ("budget-count-above-n", lambda r: _edit(r, lambda p: p["select"].update(budget=100000), "select",
+                                             "--method", "cluster"), ["select.budget=100000", "train has 240"]),
+    ("k-above-n", lambda r: _edit(r, lambda p: p["cluster"].update(k=1000), "cluster"),
+     ["cluster.k=1000", "N=240"]),
+    ("k-below-one", lambda r: _edit(r, lambda p: p["cluster"].update(k=0), "cluster"), ["cluster.k", ">= 1"]),
+    ("nproc-above-selection", lambda r: _edit(r, lambda p: (p["select"].update(budget=3), p["train"].update(nproc=8)),
+                                              "allocate", "--method", "cluster", pre=("select", "--method", "cluster")),
+     ["train.nproc=8", "only 3 selected"]),
+    ("model-without-weights", lambda r: _edit(r, lambda p: p["model"].update(path=str(_no_weights(r))), "warmup"),
+     ["no *.safetensors weights"]),
+    ("model-path-missing", lambda r: _edit(r, lambda p: p["model"].update(path=str(r / "no-model")), "warmup"),
+     ["no-model", "model folder not found"]),
+    ("tokenizer-without-eos", lambda r: _edit(r, lambda p: p["model"].update(path=str(_no_eos(r))), "warmup"),
+     ["tokenizer has no eos token"]),
+    ("nan-features", lambda r: _nan_features(r), ["rows contain NaN/inf", "first rows [5]"]),
+    ("unwritable-output", lambda r: _edit(r, lambda p: p["data"].update(train=str(_file(r) / "sub/t.jsonl")),
+                                          "make-benchmark"), ["a-file/sub", "cannot create output folder"]),
+    ("params-unknown-key", lambda r: _raw_params(r, "cluster:\n  kk: 3\n"), ["cluster.kk", "unknown key"]),
+    ("params-wrong-type", lambda r: _raw_params(r, "train:\n  epochs: many\n"), ["train.epochs", "integer"]),
+    ("params-bad-method", lambda r: _raw_params(r, "select:\n  methods: [full, oracle]\n"),
+     ["select.methods", "unknown method 'oracle'"]),
+    ("unknown-test-skill", lambda r: _test_data(r, b'{"instruction": "x", "output": "y", "skill": "juggling"}\n'),
+     [":1:", "skill 'juggling'", "does not occur in"]),
+    ("stale-features", lambda r: _stale(r), ["labels.npy", "rerun features and cluster"]),
+]
+
+
+def _case_dir(root, name):
+    d = root / "cases" / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _edit(root, edit, *argv, pre=None):
+    p = tiny_params(root)
+    edit(p)
+    d = _case_dir(root, argv[0] + str(abs(hash(json.dumps(p, sort_keys=True, default=str)))))
+    params = write_params(d, p)
+    if pre:
+        assert main([pre[0], "--params", str(params), *pre[1:]]) == 0
+    return [argv[0], "--params", str(params), *argv[1:]]
+
+
+def _data(root, content):
+    path = root / f"train-{abs(hash(content))}.jsonl"
+    path.write_bytes(content)
+    return _edit(root, lambda p: p["data"].update(train=str(path)), "select", "--method", "full")
+
+
+def _test_data(root, content):
+    path = root / f"test-{abs(hash(content))}.jsonl"
+    path.write_bytes(content)
+    shutil.copytree(root / "artifacts/model/base", root / "artifacts/methods/full/model", dirs_exist_ok=True)
+    return _edit(root, lambda p: p["data"].update(test=str(path)), "evaluate", "--method", "full")
+
+
+def _no_weights(root):
+    d = root / "noweights"
+    d.mkdir(exist_ok=True)
+    shutil.copy(root / "artifacts/model/base/config.json", d)
+    return d
+
+
+def _no_eos(root):
+    d = root / "noeos"
+    shutil.copytree(root / "artifacts/model/base", d, dirs_exist_ok=True)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = None
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "<|eos|>"]
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    return d
+
+
+def _nan_features(root):
+    p = tiny_params(root)
+    d = _case_dir(root, "nan")
+    p["paths"]["artifacts"] = str(d / "artifacts")
+    x = np.ones((20, 4), np.float32)
+    x[5, 2] = np.nan
+    (d / "artifacts/features").mkdir(parents=True)
+    np.save(d / "artifacts/features/features.npy", x)
+    return ["cluster", "--params", str(write_params(d, p))]
+
+
+def _file(root):
+    f = root / "a-file"
+    f.write_text("x")
+    return f
+
+
+def _raw_params(root, text):
+    d = _case_dir(root, f"raw{abs(hash(text))}")
+    (d / "params.yaml").write_text(text)
+    return ["cluster", "--params", str(d / "params.yaml")]
+
+
+def _stale(root):
+    p = tiny_params(root)
+    p["benchmark"]["n_train"] = 300
+    d = _case_dir(root, "stale")
+    p["data"]["train"] = str(d / "train.jsonl")
+    params = write_params(d, p)
+    from clusterft.benchmark import generate
+    from clusterft.data import write_jsonl
+    from clusterft.config import BenchmarkConfig
+
+    write_jsonl(d / "train.jsonl", generate(BenchmarkConfig(n_train=300))["train"])
+    return ["select", "--params", str(params), "--method", "cluster"]
+
+
+@pytest.mark.parametrize("name, setup, parts", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_reported_and_nothing_is_lost(project, capsys, name, setup, parts):
+    root, _ = project
+    argv = setup(root)
+    before = snapshot(root)
+    code, err = run(capsys, *argv)
+    assert code == 2, err
+    for part in parts:
+        assert part in err, err
+    assert err.startswith(f"clusterft {argv[0]}: error:")
+    after = snapshot(root)
+    assert {p: b for p, b in after.items() if p in before} == before  # nothing computed was lost
+
+
+def test_at_least_twenty_kinds():
+    assert len(CASES) >= 20

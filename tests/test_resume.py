@@ -1,0 +1,70 @@
+"""Crash and resume: SIGKILL one of two torchrun workers mid-training; torchrun restarts
+them, they resume from the last checkpoint, and the result equals an uninterrupted run."""
+
+import json
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from clusterft.config import load_config
+from clusterft.distributed import launch, torchrun_command
+from clusterft.stages import stage_functions
+from tests.conftest import REPO, tiny_params, write_params
+
+
+def _weights(mdir):
+    return load_file(str(next((mdir / "model").glob("*.safetensors"))))
+
+
+def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path):
+    p = tiny_params(tmp_path)
+    p["train"].update(epochs=4, per_device_batch=4, checkpoint_every=5, max_restarts=1)
+    params = write_params(tmp_path, p)
+    cfg = load_config(params)
+    fns = stage_functions()
+    for name in ("make-benchmark", "prepare-model"):
+        fns[name](cfg)
+    fns["select"](cfg, "full")
+    fns["allocate"](cfg, "full")
+    mdir = cfg.artifact("methods", "full")
+    args = ["train", "--params", str(params), "--method", "full"]
+
+    launch(2, args)
+    clean = _weights(mdir)
+    clean_metrics = json.loads((mdir / "train_metrics.json").read_text())
+    for f in ("train_metrics.json", "train_log.jsonl"):
+        (mdir / f).unlink()
+
+    proc = subprocess.Popen(torchrun_command(2, args, extra=["--max-restarts=1"]), cwd=REPO)
+    try:
+        meta = mdir / "checkpoint" / "meta.json"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if meta.exists() and json.loads(meta.read_text())["next_step"] >= 10:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("no checkpoint appeared")
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "clusterft.cli" in " ".join(c.cmdline())]
+        assert len(workers) == 2
+        workers[-1].send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
+    attempts = {r["attempt"] for r in log}
+    assert attempts == {0, 1}, "steps before the kill come from the checkpoint, later ones from the restart"
+    assert [r["step"] for r in log] == list(range(clean_metrics["steps"]))
+    resumed = json.loads((mdir / "train_metrics.json").read_text())
+    assert resumed["final_loss"] == pytest.approx(clean_metrics["final_loss"], abs=1e-6)
+    for name, tensor in _weights(mdir).items():
+        torch.testing.assert_close(tensor, clean[name], rtol=0, atol=1e-6, msg=name)
+    assert not (mdir / "checkpoint").exists()
