@@ -144,6 +144,7 @@ class TrainConfig:
     log_every: int = _f(20, "steps between progress lines")
     checkpoint_every: int = _f(200, "steps between resumable checkpoints (0 = off)")
     max_restarts: int = _f(1, "torchrun restarts after a worker dies (each resumes the checkpoint)")
+    infobatch_prune: float = _f(0.5, "infobatch: fraction of below-mean-loss samples skipped per epoch")
 
 
 @dataclass
@@ -311,7 +312,7 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
 
 FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding")
 FEATURE_PROJECTIONS = ("rademacher", "gaussian", "none")
-SELECT_METHODS = ("full", "random", "cluster", "cluster_paper")
+SELECT_METHODS = ("full", "random", "cluster", "cluster_paper", "infobatch")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

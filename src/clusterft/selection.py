@@ -252,7 +252,7 @@ def run_select(cfg, method: str) -> dict:
     ids = [e.id for e in load_examples(cfg, "train")]
     n = len(ids)
     s = cfg.select
-    if method == "full":
+    if method in ("full", "infobatch"):  # infobatch prunes during training, not before
         sel = select_full(n)
     elif method == "random":
         sel = select_random(n, s.budget, s.seed)

@@ -79,8 +79,8 @@ def run_digest(plan: AllocationPlan, weights: np.ndarray, *hyper: float) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, next_step: int,
-                    digest: str, history: list[dict]) -> None:
+def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
+                    position: tuple[int, int], digest: str, history: list[dict]) -> None:
     """Trainable weights (safetensors), optimizer/scheduler/RNG state and plan position,
     written to a temp folder and swapped in, so a crash never leaves half a checkpoint."""
     import shutil
@@ -97,7 +97,9 @@ def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, next_step:
               str(tmp / "trainable.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-    (tmp / "meta.json").write_text(json.dumps({"next_step": next_step, "plan": digest, "history": history}))
+    (tmp / "meta.json").write_text(json.dumps({"next_step": len(history), "position": list(position),
+                                               "plan": digest, "source": source.state_dict(),
+                                               "history": history}))
     if ckpt_dir.exists():
         shutil.rmtree(old, ignore_errors=True)
         ckpt_dir.rename(old)
@@ -105,19 +107,21 @@ def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, next_step:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, digest: str) -> tuple[int, list[dict]]:
-    """Restore a checkpoint written for the same plan; (next step, history so far) or (0, [])."""
+def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
+                    digest: str) -> tuple[tuple[int, int], list[dict]]:
+    """Restore a checkpoint written for the same run: ((epoch, step) to resume at, history
+    so far), or ((0, 0), []) when there is none."""
     from safetensors.torch import load_file
 
     for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
         if all((d / f).exists() for f in CHECKPOINT_FILES):
             break
     else:
-        return 0, []
+        return (0, 0), []
     meta = json.loads((d / "meta.json").read_text())
     if meta["plan"] != digest:
         log.warning("%s: checkpoint is for another plan; starting from scratch", d)
-        return 0, []
+        return (0, 0), []
     state = load_file(str(d / "trainable.safetensors"))
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -127,15 +131,41 @@ def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, digest: st
     opt.load_state_dict(rest["optimizer"])
     sched.load_state_dict(rest["scheduler"])
     torch.set_rng_state(rest["rng"])
+    source.load_state_dict(meta["source"])
     log.info("resumed from %s at step %d", d, meta["next_step"])
-    return int(meta["next_step"]), meta["history"]
+    return tuple(meta["position"]), meta["history"]
+
+
+class PlanSource:
+    """A static allocation plan seen as a batch source for one rank (rescale is 1)."""
+
+    needs_losses = False
+
+    def __init__(self, plan: AllocationPlan, rank: int):
+        self.plan, self.rank = plan, rank
+        self.total_steps = plan.epochs * plan.steps_per_epoch
+        self._sizes = plan.step_sizes()
+
+    def batches(self, start_epoch: int = 0, resumed: bool = False):
+        for e, s, idx in self.plan.rank_batches(self.rank):
+            if e >= start_epoch:
+                yield e, s, idx, int(self._sizes[e, s]), np.ones(len(idx))
+
+    def observe(self, idx: np.ndarray, losses: np.ndarray) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def train_on_plan(
     model: Any,
     encoded: list[Encoded],
     weights: np.ndarray,
-    plan: AllocationPlan,
+    plan: AllocationPlan | Any,
     rank: int,
     pad_id: int,
     lr: float,
@@ -146,8 +176,10 @@ def train_on_plan(
     optimizer: torch.optim.Optimizer | None = None,
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 0,
+    world_size: int | None = None,
 ) -> list[dict]:
-    """Run the plan for this rank; return rank-local step records (loss, times).
+    """Train this rank's share of a plan (or of a dynamic source such as InfoBatch);
+    return step records (loss, times).
 
     With several ranks, forward/backward run under DDP's no_sync and the gradients are
     then all-reduced explicitly, so each step's compute time and sync time (communication
@@ -156,56 +188,77 @@ def train_on_plan(
     every `checkpoint_every` steps and every rank resumes from the last checkpoint."""
     from contextlib import nullcontext
 
+    source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
+    world = world_size or plan.world_size
     device = device or torch.device("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    total = plan.epochs * plan.steps_per_epoch
+    total = source.total_steps
     sched = cosine_schedule(opt, total, warmup_ratio)
-    step_sizes = plan.step_sizes()
     w_all = torch.tensor(weights, dtype=torch.float32)
-    distributed = plan.world_size > 1
+    n = len(weights)
+    distributed = world > 1
     history: list[dict] = []
-    start_step = 0
-    digest = run_digest(plan, weights, lr, warmup_ratio, weight_decay)
+    position = (0, 0)  # (epoch, step in epoch) to resume at
+    digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
+                        weight_decay)
     if checkpoint_dir is not None:
-        start_step, history = load_checkpoint(checkpoint_dir, model, opt, sched, digest)
+        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest)
     model.train()
     t0 = time.perf_counter()
-    for g, (epoch, step, idx) in enumerate(plan.rank_batches(rank)):
-        if g < start_step:
+    g = len(history)
+    for epoch, step, idx, step_size, rescale in source.batches(position[0], resumed=bool(history)):
+        if epoch == position[0] and step < position[1]:
             continue
         ts = time.perf_counter()
         batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
-        scale = plan.world_size / float(step_sizes[epoch, step])
+        scale = world / float(step_size)
+        w = w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)
         opt.zero_grad(set_to_none=True)
         with model.no_sync() if distributed else nullcontext():
-            loss, losses = weighted_loss(model, batch, w_all[idx].to(device), scale)
+            loss, losses = weighted_loss(model, batch, w.to(device), scale)
             loss.backward()
         compute_s = time.perf_counter() - ts
-        step_loss = loss.detach() / scale  # this rank's share of the global weighted mean
+        extras = [loss.detach().reshape(1) / scale]  # this rank's sum of w_i l_i
+        if source.needs_losses:
+            seen = torch.zeros(2 * n)
+            seen[torch.as_tensor(idx)] = losses.cpu()
+            seen[n + torch.as_tensor(idx)] = 1.0
+            extras.append(seen.to(device))
+        extra = torch.cat(extras)
         if distributed:
-            step_loss = sync_gradients(params, plan.world_size, step_loss.reshape(1))[0]
+            extra = sync_gradients(params, world, extra)
         sync_s = time.perf_counter() - ts - compute_s
+        if source.needs_losses:
+            got = extra[1:].cpu().numpy()
+            mask = got[n:] > 0
+            source.observe(np.flatnonzero(mask), got[:n][mask])
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         rec = {
             "step": g, "epoch": epoch, "loss": float(losses.mean()),
-            "weighted_loss": float(step_loss) / float(step_sizes[epoch, step]),
+            "weighted_loss": float(extra[0]) / float(step_size),
             "lr": sched.get_last_lr()[0], "samples": int(len(idx)),
             "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
             "step_s": time.perf_counter() - ts,
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         }
         history.append(rec)
-        if checkpoint_dir is not None and checkpoint_every and rank == 0 and (g + 1) % checkpoint_every == 0 \
-                and g + 1 < total:
-            save_checkpoint(checkpoint_dir, model, opt, sched, g + 1, digest, history)
-        if rank == 0 and (g % log_every == 0 or g == total - 1):
+        g += 1
+        if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
+            save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history)
+        if rank == 0 and (g % log_every == 1 or g == total):
             el = time.perf_counter() - t0
-            log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g + 1, total,
-                     rec["weighted_loss"], rec["lr"], 1000 * el / (g + 1 - start_step))
+            log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, total,
+                     rec["weighted_loss"], rec["lr"], 1000 * el / max(1, len(history)))
     return history
+
+
+def plan_stub(source: Any) -> AllocationPlan:
+    """Identity stand-in for a dynamic source (its seed and shape define its batches)."""
+    return AllocationPlan(np.array([[source.n, source.world, source.batch, source.epochs, source.seed]]),
+                          source.world, source.epochs, 0)
 
 
 def gather_rank_timings(history: list[dict], world_size: int) -> list[dict]:
@@ -296,10 +349,17 @@ def run_train(cfg: Any, method: str) -> dict:
     if info.world_size > 1:
         model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     loop_start = time.perf_counter()
+    source: Any = plan
+    if method == "infobatch":
+        from clusterft.infobatch import InfoBatchSource
+
+        source = InfoBatchSource(len(encoded), info.world_size, cfg.train.per_device_batch, cfg.train.epochs,
+                                 cfg.train.seed, info.rank, cfg.train.infobatch_prune)
     history = train_on_plan(
-        model, encoded, np.asarray(sel["weight"]), plan, info.rank, tokenizer.pad_token_id,
+        model, encoded, np.asarray(sel["weight"]), source, info.rank, tokenizer.pad_token_id,
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
         checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
+        world_size=info.world_size,
     )
     loop_s = time.perf_counter() - loop_start
     per_rank = gather_rank_timings(history, info.world_size)
@@ -319,6 +379,8 @@ def run_train(cfg: Any, method: str) -> dict:
             "train_loop_s": loop_s,
             "final_loss": float(np.mean([h["weighted_loss"] for h in tail])),
             **wait_summary(history),
+            "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)
+            or [int(x) for x in plan.step_sizes().sum(1)],
             "wall_clock_s": time.perf_counter() - start,
         }
         atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))

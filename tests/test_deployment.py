@@ -1,0 +1,170 @@
+"""A real scheduled deployment: local Prefect server on 127.0.0.1 + `flows/deploy.py` serving
+the pipeline flow, one triggered run of the tiny config to COMPLETED, every process stopped."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, tiny_params, write_params
+
+DEPLOY = REPO / "flows" / "deploy.py"
+SERVER_START_S = 150  # a fresh server runs its migrations first: ~25-40 s here
+REGISTER_S = 120
+RUN_S = 240
+
+
+def test_deploy_defaults_to_a_nightly_cron():
+    from flows.deploy import build_parser
+
+    args = build_parser().parse_args([])
+    assert (args.cron, args.name, args.params, args.overrides) == ("0 2 * * *", "nightly", "params.yaml", [])
+
+
+def test_deploy_rejects_a_bad_params_file_before_serving(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("select:\n  methodz: [full]\n")
+    res = subprocess.run([sys.executable, str(DEPLOY), "--params", str(bad)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")})
+    assert res.returncode == 2 and "methodz" in res.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, timeout: float, probe, procs: dict, logs: dict):
+    """Poll `probe()` until it returns a truthy value; fail early if a process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                pytest.fail(f"{name} exited ({p.returncode}) while waiting for {what}:\n{_tail(logs[name])}")
+        try:
+            value = probe()
+        except Exception:  # not up yet
+            value = None
+        if value:
+            return value
+        time.sleep(1.0)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n"
+                + "\n".join(f"--- {n}\n{_tail(p)}" for n, p in logs.items()))
+
+
+def _tail(path, n=4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
+
+
+def _listening(pid: int) -> list:
+    out = []
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        out += [c.laddr for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _let_flow_run_process_exit(pid: int, timeout: float = 30) -> None:
+    """The run's state turns final just before its subprocess exits; give it that time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            running = [c for c in psutil.Process(pid).children()
+                       if "spawn_main" in " ".join(c.cmdline())]
+        except psutil.Error:
+            return
+        if not running:
+            return
+        time.sleep(0.5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> list[int]:
+    """SIGTERM the process (and what it started), then SIGKILL whatever is left; return pids."""
+    try:
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = [proc.pid]
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+    return family
+
+
+def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, monkeypatch):
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+           "PREFECT_LOGGING_LEVEL": "INFO"}
+    params = write_params(tmp_path, tiny_params(tmp_path))
+    logs = {"server": tmp_path / "server.log", "serve": tmp_path / "serve.log"}
+    procs: dict[str, subprocess.Popen] = {}
+    stopped: list[int] = []
+    try:
+        with open(logs["server"], "w") as log:
+            procs["server"] = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        _wait("the server's /health", SERVER_START_S,
+              lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, procs, logs)
+        bound = _listening(procs["server"].pid)
+        assert bound and all(a.ip == "127.0.0.1" for a in bound), bound
+        assert any(a.port == port for a in bound)
+
+        with open(logs["serve"], "w") as log:
+            procs["serve"] = subprocess.Popen(
+                [sys.executable, str(DEPLOY), "--name", "ci", "--cron", "0 0 1 1 *", "--params", str(params),
+                 "--set", "select.methods=[full]"],
+                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+
+        monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
+        monkeypatch.setenv("PREFECT_API_URL", api)
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            dep = _wait("the deployment", REGISTER_S,
+                        lambda: client.read_deployment_by_name("clusterft-pipeline/ci"), procs, logs)
+            assert [s.schedule.cron for s in dep.schedules] == ["0 0 1 1 *"]
+            assert dep.parameters == {"params": str(params), "overrides": ["select.methods=[full]"]}
+            run = client.create_flow_run_from_deployment(dep.id)
+            final = _wait("the flow run to finish", RUN_S,
+                          lambda: (s := client.read_flow_run(run.id).state) is not None and s.is_final() and s,
+                          procs, logs)
+            assert final.is_completed(), f"{final}\n{_tail(logs['serve'])}"
+        _let_flow_run_process_exit(procs["serve"].pid)
+        assert all(a.ip == "127.0.0.1" for a in _listening(procs["serve"].pid))
+    finally:
+        for name in ("serve", "server"):  # serve first: it pauses its schedule on the server
+            if name in procs:
+                stopped += _stop(procs[name])
+    assert not [p for p in stopped if _alive(p)]
+    metrics = json.loads((tmp_path / "artifacts/methods/full/train_metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert (tmp_path / "artifacts/report/compare.md").exists()

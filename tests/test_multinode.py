@@ -1,0 +1,43 @@
+"""Scale-out: two torchrun launchers (--nnodes 2, c10d rendezvous on localhost), one worker
+each, train one method together as a world of two."""
+
+import json
+import socket
+import subprocess
+import sys
+import uuid
+
+from clusterft.config import load_config
+from clusterft.stages import stage_functions
+from tests.conftest import REPO, tiny_params, write_params
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_launch_with_c10d_rendezvous(tmp_path):
+    params = write_params(tmp_path, tiny_params(tmp_path))
+    cfg = load_config(params)
+    fns = stage_functions()
+    for name in ("make-benchmark", "prepare-model"):
+        fns[name](cfg)
+    fns["select"](cfg, "full")
+    fns["allocate"](cfg, "full")  # plan for train.nproc = 2 workers in all
+    endpoint, run_id = f"127.0.0.1:{_free_port()}", uuid.uuid4().hex[:8]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+            "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"]
+    procs = [subprocess.Popen(node, cwd=REPO) for _ in range(2)]
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0]
+    metrics = json.loads(cfg.artifact("methods", "full", "train_metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["backend"] == "gloo"
+    assert len(metrics["compute_s_per_rank"]) == 2
