@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a param, e.g. --set select.budget=0.3")
         if name in STAGES_WITH_METHOD:
             sp.add_argument("--method", required=True, help="selection method, e.g. full or cluster")
+            sp.add_argument("--run-name", dest="run", default=None,
+                            help="named run folder (experiments/<name>) instead of methods/<method>")
+    sp = sub.add_parser("experiment", help="methods x budgets x seeds grid and its report",
+                        description="Run the experiment grid (params.yaml `experiment`) and write "
+                                    "experiments/report.md + report.png; resumes finished runs.")
+    sp.add_argument("--params", default="params.yaml")
+    sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sp = sub.add_parser("params", help="print every param with its default and help")
     return p
 
@@ -86,15 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         from clusterft.config import load_config
 
         cfg = load_config(args.params, args.overrides)
+        if args.command == "experiment":
+            from clusterft.experiment import run_experiment
+
+            run_experiment(args.params, args.overrides)
+            return 0
         if args.command == "train" and cfg.train.nproc > 1 and not _under_torchrun():
             from clusterft.distributed import launch
 
             overrides = [a for o in args.overrides for a in ("--set", o)]
-            launch(cfg.train.nproc, ["train", "--params", args.params, "--method", args.method, *overrides],
+            run = ["--run-name", args.run] if args.run else []
+            launch(cfg.train.nproc, ["train", "--params", args.params, "--method", args.method, *run, *overrides],
                    max_restarts=cfg.train.max_restarts)
             return 0
         fn = stage_functions()[args.command]
-        fn(cfg, args.method) if args.command in STAGES_WITH_METHOD else fn(cfg)
+        fn(cfg, args.method, args.run) if args.command in STAGES_WITH_METHOD else fn(cfg)
     except USER_ERRORS as exc:
         print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -154,6 +154,13 @@ class EvaluateConfig:
 
 
 @dataclass
+class ExperimentConfig:
+    methods: list[str] = _f(["full", "random", "cluster", "cluster_paper", "infobatch"], "methods compared")
+    budgets: list[float] = _f([0.1, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
+    seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
+
+
+@dataclass
 class TrackingConfig:
     experiment: str = _f("clusterft", "MLflow experiment name")
     tracking_uri: str = _f("sqlite:///mlflow.db", "MLflow store; env MLFLOW_TRACKING_URI wins")
@@ -172,11 +179,17 @@ class PipelineConfig:
     select: SelectConfig = field(default_factory=SelectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def artifact(self, *parts: str) -> Path:
         """Path under the artifacts root."""
         return Path(self.paths.artifacts).joinpath(*parts)
+
+    def method_dir(self, method: str, run: str | None = None) -> Path:
+        """Outputs of one method's select/allocate/train/evaluate: methods/<method>, or
+        experiments/<run> for a named run of an experiment grid."""
+        return self.artifact("experiments", run) if run else self.artifact("methods", method)
 
 
 def _check_value(value: Any, tp: Any, where: str) -> Any:
@@ -299,9 +312,13 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
             f"must be one of {FEATURE_PROJECTIONS}, got {cfg.features.projection!r}")
     if cfg.features.projection_cache_mb < 0:
         bad("features.projection_cache_mb", "must be >= 0")
-    for m in cfg.select.methods:
-        if m not in SELECT_METHODS:
-            bad("select.methods", f"unknown method {m!r}; known: {SELECT_METHODS}")
+    for key, methods in (("select.methods", cfg.select.methods), ("experiment.methods", cfg.experiment.methods)):
+        for m in methods:
+            if m not in SELECT_METHODS:
+                bad(key, f"unknown method {m!r}; known: {SELECT_METHODS}")
+    for b in cfg.experiment.budgets:
+        if not 0 < b <= 1:
+            bad("experiment.budgets", f"each budget must be a fraction in (0, 1], got {b}")
     for key in ("train.epochs", "train.per_device_batch", "warmup.epochs", "warmup.batch_size",
                 "data.max_length", "features.batch_size", "features.dim", "features.shard_size",
                 "features.nproc", "evaluate.batch_size"):

@@ -86,14 +86,14 @@ def check_skills(test: list[Example], train: list[Example], test_path: str, trai
             )
 
 
-def run_evaluate(cfg: Any, method: str) -> dict:
+def run_evaluate(cfg: Any, method: str, run: str | None = None) -> dict:
     """Stage `evaluate`: methods/<method>/eval.json from methods/<method>/model/."""
     from clusterft.artifacts import write_json
     from clusterft.data import load_examples
     from clusterft.model import load_model, load_tokenizer
 
     start = time.perf_counter()
-    mdir = cfg.artifact("methods", method)
+    mdir = cfg.method_dir(method, run)
     tokenizer = load_tokenizer(mdir / "model", cfg.model)
     model = load_model(mdir / "model", cfg.model)
     test = load_examples(cfg, "test")

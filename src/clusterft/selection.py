@@ -241,7 +241,7 @@ def _plot_selection(cfg, sel: Selection, plot_dir) -> None:
     plots.weight_histogram(sel.weights, plot_dir / "weights.png")
 
 
-def run_select(cfg, method: str) -> dict:
+def run_select(cfg, method: str, run: str | None = None) -> dict:
     """Stage `select`: writes methods/<method>/selection.jsonl and select_metrics.json."""
     import time
 
@@ -273,9 +273,8 @@ def run_select(cfg, method: str) -> dict:
                                    s.paper_ratio, s.seed)
     else:
         raise SelectionError(f"unknown select method {method!r}")
-    out = cfg.artifact("methods", method)
+    out = cfg.method_dir(method, run)
     write_selection(out / "selection.jsonl", sel, ids)
-    _plot_selection(cfg, sel, out / "plots")
     metrics = {
         "method": method,
         "n_train": n,
@@ -283,7 +282,8 @@ def run_select(cfg, method: str) -> dict:
         "kept_fraction": len(sel.rows) / n,
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),
-        "wall_clock_s": time.perf_counter() - start,
+        "wall_clock_s": time.perf_counter() - start,  # the plots below are not part of the cost
     }
     write_json(out / "select_metrics.json", metrics)
+    _plot_selection(cfg, sel, out / "plots")
     return metrics

@@ -321,7 +321,7 @@ def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def run_train(cfg: Any, method: str) -> dict:
+def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     """Stage `train`: follows methods/<m>/plan.npy; writes model/, train_metrics.json."""
     import shutil
 
@@ -335,7 +335,7 @@ def run_train(cfg: Any, method: str) -> dict:
 
     start = time.perf_counter()
     info = distributed.init_distributed()
-    mdir = cfg.artifact("methods", method)
+    mdir = cfg.method_dir(method, run)
     plan = load_plan(mdir)
     if plan.world_size != info.world_size:
         raise RuntimeError(

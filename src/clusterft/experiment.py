@@ -1,0 +1,243 @@
+"""Experiment grid: methods x budgets x seeds, each a full select -> allocate -> train ->
+evaluate run in experiments/<run>/, then one report (markdown + PNG + MLflow).
+
+The selection stages every cluster-based run needs (warmup, features, cluster) are run
+once and their wall-clock is added to each such run's end-to-end time, as a user would pay
+it once per dataset. `full` and `infobatch` ignore the budget; `cluster_paper` uses the
+budget as the paper's ratio r (its kept fraction then follows the smallest cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterft.compare import METHOD_NEEDS, SHARED_STAGES
+
+BUDGETLESS = ("full", "infobatch")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    budget: float | None
+    seed: int
+
+    @property
+    def name(self) -> str:
+        b = "" if self.budget is None else f"-b{self.budget:g}"
+        return f"{self.method}{b}-s{self.seed}"
+
+    def overrides(self) -> list[str]:
+        out = [f"select.seed={self.seed}", f"train.seed={self.seed}"]
+        if self.method == "cluster_paper":
+            out.append(f"select.paper_ratio={self.budget}")
+        elif self.budget is not None:
+            out.append(f"select.budget={self.budget}")
+        return out
+
+
+def grid(methods: list[str], budgets: list[float], seeds: list[int]) -> list[RunSpec]:
+    """Every (method, budget, seed); budget-free methods once per seed. Seed-major order so
+    an interrupted grid still holds whole seeds."""
+    return [
+        RunSpec(m, None if m in BUDGETLESS else b, s)
+        for s in seeds
+        for m in methods
+        for b in ([None] if m in BUDGETLESS else budgets)
+    ]
+
+
+def shared_times(cfg: Any) -> dict[str, float]:
+    """Wall-clock of the once-per-dataset selection stages (0 when absent)."""
+    out = {}
+    for stage, (folder, name) in SHARED_STAGES.items():
+        p = cfg.artifact(folder, name)
+        out[stage] = json.loads(p.read_text())["wall_clock_s"] if p.exists() else 0.0
+    return out
+
+
+def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
+    """Select, allocate, train (torchrun) and evaluate one run; return its result row.
+    A run whose eval.json exists is not redone (the grid resumes after a crash)."""
+    from clusterft.allocation import run_allocate
+    from clusterft.config import load_config
+    from clusterft.distributed import launch
+    from clusterft.evaluate import run_evaluate
+    from clusterft.selection import run_select
+
+    cfg = load_config(params, [*overrides, *spec.overrides()])
+    rdir = cfg.method_dir(spec.method, spec.name)
+    if not (rdir / "eval.json").exists():
+        run_select(cfg, spec.method, spec.name)
+        run_allocate(cfg, spec.method, spec.name)
+        sets = [a for o in [*overrides, *spec.overrides()] for a in ("--set", o)]
+        launch(cfg.train.nproc, ["train", "--params", params, "--method", spec.method, "--run-name", spec.name, *sets],
+               max_restarts=cfg.train.max_restarts)
+        run_evaluate(cfg, spec.method, spec.name)
+    return result_row(cfg, spec, rdir)
+
+
+def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
+    sel = json.loads((rdir / "select_metrics.json").read_text())
+    alloc = json.loads((rdir / "allocate_metrics.json").read_text())
+    tr = json.loads((rdir / "train_metrics.json").read_text())
+    ev = json.loads((rdir / "eval.json").read_text())
+    shared = shared_times(cfg)
+    pre = sum(shared[s] for s in METHOD_NEEDS.get(spec.method, ()))
+    trained = sum(tr.get("samples_trained_per_epoch") or [0])
+    return {
+        "run": spec.name, "method": spec.method, "budget": spec.budget, "seed": spec.seed,
+        "kept_fraction": sel["kept_fraction"],
+        "trained_fraction": trained / (sel["n_train"] * cfg.train.epochs),
+        "selection_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"],
+        "train_s": tr["wall_clock_s"],
+        "end_to_end_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"] + tr["wall_clock_s"],
+        "macro_em": ev["macro_exact_match"], "worst_skill_em": ev["worst_skill_exact_match"],
+        "worst_skill": ev["worst_skill"], "heldout_loss": ev["heldout_loss"],
+    }
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and spread (std over seeds) per (method, budget); time relative to full."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["budget"]), []).append(r)
+    full_train = np.mean([r["train_s"] for r in rows if r["method"] == "full"] or [np.nan])
+    out = []
+    for (method, budget), rs in groups.items():
+        agg: dict[str, Any] = {"method": method, "budget": budget, "seeds": len(rs)}
+        for k in ("kept_fraction", "trained_fraction", "selection_s", "train_s", "end_to_end_s",
+                  "macro_em", "worst_skill_em", "heldout_loss"):
+            v = np.array([r[k] for r in rs], dtype=float)
+            agg[k], agg[f"{k}_std"] = float(v.mean()), float(v.std())
+        agg["time_vs_full_train"] = agg["end_to_end_s"] / full_train
+        out.append(agg)
+    return sorted(out, key=lambda a: (a["method"] != "full", a["method"], a["budget"] or 0))
+
+
+def markdown(aggs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| method | budget | seeds | kept | trained (sample-epochs) | selection s | train s | end-to-end s "
+        "| end-to-end / full train | macro EM | worst-skill EM | held-out loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in aggs:
+        b = "-" if a["budget"] is None else f"{a['budget']:g}"
+        lines.append(
+            f"| {a['method']} | {b} | {a['seeds']} | {a['kept_fraction']:.1%} | {a['trained_fraction']:.1%} "
+            f"| {a['selection_s']:.1f} | {a['train_s']:.1f} ± {a['train_s_std']:.1f} "
+            f"| {a['end_to_end_s']:.1f} | {a['time_vs_full_train']:.2f} "
+            f"| {a['macro_em']:.3f} ± {a['macro_em_std']:.3f} | {a['worst_skill_em']:.3f} ± {a['worst_skill_em_std']:.3f} "
+            f"| {a['heldout_loss']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(aggs: list[dict[str, Any]], path: Path) -> None:
+    """End-to-end time vs macro and worst-skill EM (mean +- std over seeds); full = line."""
+    from clusterft.plots import _figure, _save
+
+    plt = _figure()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    full = next((a for a in aggs if a["method"] == "full"), None)
+    for ax, key, title in ((axes[0], "macro_em", "macro exact match"),
+                           (axes[1], "worst_skill_em", "worst-skill exact match")):
+        for method in dict.fromkeys(a["method"] for a in aggs):
+            pts = [a for a in aggs if a["method"] == method]
+            ax.errorbar([a["end_to_end_s"] for a in pts], [a[key] for a in pts],
+                        xerr=[a["end_to_end_s_std"] for a in pts], yerr=[a[f"{key}_std"] for a in pts],
+                        marker="o", capsize=3, label=method)
+            for a in pts:
+                if a["budget"] is not None:
+                    ax.annotate(f"{a['budget']:g}", (a["end_to_end_s"], a[key]), fontsize=7,
+                                xytext=(3, 3), textcoords="offset points")
+        if full:
+            ax.axhline(full[key], color="grey", ls="--", lw=1)
+            ax.axvline(full["end_to_end_s"], color="grey", ls=":", lw=1)
+        ax.set_xlabel("end-to-end seconds (selection stages + training)")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> dict[str, Any]:
+    """experiments/report.md + report.png + results.json; an MLflow parent run with one
+    nested run per grid run."""
+    from clusterft.artifacts import atomic_write_text, write_json
+
+    out = cfg.artifact("experiments")
+    aggs = aggregate(rows)
+    table = markdown(aggs)
+    plot(aggs, out / "report.png")
+    atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n" + table
+                      + "\n![time vs accuracy](report.png)\n")
+    write_json(out / "results.json", {"runs": rows, "aggregate": aggs})
+    summary: dict[str, Any] = {"aggregate": aggs}
+    if track:
+        summary["mlflow_run_id"] = _track(cfg, rows, aggs, [out / "report.md", out / "report.png"])
+    print(table)
+    return summary
+
+
+def _track(cfg: Any, rows: list[dict], aggs: list[dict], artifacts: list[Path]) -> str:
+    import mlflow
+
+    from clusterft.tracking import _numeric, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    mlflow.set_experiment(cfg.tracking.experiment)
+    with mlflow.start_run(run_name="experiment") as parent:
+        mlflow.set_tag("clusterft.kind", "experiment")
+        for r in rows:
+            with mlflow.start_run(run_name=r["run"], nested=True):
+                mlflow.log_params({k: r[k] for k in ("method", "budget", "seed")})
+                mlflow.log_metrics(_numeric(r))
+        for a in aggs:
+            b = "full" if a["budget"] is None else f"{a['budget']:g}"
+            mlflow.log_metrics({f"{a['method']}.b{b}.{k}": v for k, v in _numeric(a).items()})
+        for p in artifacts:
+            mlflow.log_artifact(str(p))
+        return parent.info.run_id
+
+
+def prepare_shared(cfg: Any) -> None:
+    """Run the once-per-dataset stages the grid's methods need, unless already done."""
+    from clusterft.stages import stage_functions
+
+    fns = stage_functions()
+    needed = {"make-benchmark", "prepare-model"} | {s for m in cfg.experiment.methods for s in METHOD_NEEDS.get(m, ())}
+    outputs = {"make-benchmark": Path(cfg.data.train), "prepare-model": cfg.artifact("model", "metrics.json"),
+               "warmup": cfg.artifact("warmup", "metrics.json"), "features": cfg.artifact("features", "metrics.json"),
+               "cluster": cfg.artifact("cluster", "metrics.json")}
+    for stage in ("make-benchmark", "prepare-model", "warmup", "features", "cluster"):
+        if stage in needed and not outputs[stage].exists():
+            fns[stage](cfg)
+
+
+def run_experiment(params: str, overrides: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Stage `experiment`: shared stages once (if missing), every grid run, the report."""
+    from tqdm import tqdm
+
+    from clusterft.config import load_config
+
+    overrides = list(overrides or [])
+    cfg = load_config(params, overrides)
+    prepare_shared(cfg)
+    e = cfg.experiment
+    specs = grid(e.methods, e.budgets, e.seeds)
+    rows = []
+    start = time.perf_counter()
+    bar = tqdm(specs, desc="experiment", unit="run", disable=not progress)
+    for spec in bar:
+        bar.set_postfix_str(spec.name)
+        rows.append(run_one(params, overrides, spec))
+    summary = write_report(cfg, rows)
+    summary["wall_clock_s"] = time.perf_counter() - start
+    return summary

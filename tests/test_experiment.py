@@ -1,0 +1,42 @@
+"""The experiment grid on a tiny config: every run trains under torchrun, the report has
+every (method, budget) with its seed spread, and a rerun reuses finished runs."""
+
+import json
+
+from clusterft.experiment import RunSpec, aggregate, grid, run_experiment
+from tests.conftest import tiny_params, write_params
+
+
+def test_grid_shape_and_names():
+    specs = grid(["full", "cluster", "infobatch"], [0.1, 0.5], [0, 1])
+    assert len(specs) == 2 * (1 + 2 + 1)
+    assert RunSpec("cluster", 0.5, 1).name == "cluster-b0.5-s1" and RunSpec("full", None, 0).name == "full-s0"
+    assert "select.paper_ratio=0.3" in RunSpec("cluster_paper", 0.3, 0).overrides()
+
+
+def test_aggregate_mean_and_spread():
+    rows = [dict(method="full", budget=None, seed=s, kept_fraction=1, trained_fraction=1, selection_s=0,
+                 train_s=10.0 + s, end_to_end_s=10.0 + s, macro_em=0.5 + 0.1 * s, worst_skill_em=0.2,
+                 heldout_loss=1.0) for s in (0, 2)]
+    (a,) = aggregate(rows)
+    assert a["seeds"] == 2 and a["macro_em"] == 0.6 and abs(a["macro_em_std"] - 0.1) < 1e-12
+    assert a["time_vs_full_train"] == 1.0
+
+
+def test_tiny_experiment_end_to_end(tmp_path):
+    p = tiny_params(tmp_path)
+    p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0]}
+    params = str(write_params(tmp_path, p))
+    summary = run_experiment(params, progress=False)
+    res = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())
+    assert {r["run"] for r in res["runs"]} == {"full-s0", "cluster-b0.5-s0", "infobatch-s0"}
+    aggs = {a["method"]: a for a in summary["aggregate"]}
+    assert aggs["cluster"]["kept_fraction"] == 0.5 and aggs["cluster"]["seeds"] == 1
+    assert aggs["cluster"]["selection_s"] > aggs["full"]["selection_s"] > 0
+    assert aggs["full"]["trained_fraction"] == 1.0 and aggs["cluster"]["trained_fraction"] == 0.5
+    assert (tmp_path / "artifacts/experiments/report.png").stat().st_size > 1000
+    md = (tmp_path / "artifacts/experiments/report.md").read_text()
+    assert "| cluster | 0.5 | 1 |" in md
+    mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
+    run_experiment(params, progress=False)  # finished runs are reused, not retrained
+    assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime
