@@ -43,7 +43,7 @@ def pipeline(params: str = "params.yaml", overrides: list[str] | None = None) ->
     methods = list(cfg.select.methods)
     shared = SHARED if any(m in CLUSTERED for m in methods) else SHARED[:2]
     for name in shared:
-        if name == "make-benchmark" and not _uses_builtin_data(cfg):
+        if name == "make-benchmark" and cfg.data.source != "builtin":
             continue
         run_stage.with_options(name=name)(name, params, overrides)
     for m in methods:
@@ -52,13 +52,6 @@ def pipeline(params: str = "params.yaml", overrides: list[str] | None = None) ->
         run_training.with_options(name=f"train[{m}]")(params, overrides, m)
         run_stage.with_options(name=f"evaluate[{m}]")("evaluate", params, overrides, m)
     return run_stage.with_options(name="compare")("compare", params, overrides)
-
-
-def _uses_builtin_data(cfg: Any) -> bool:
-    """The benchmark is generated only when data.train points into the artifacts folder."""
-    from pathlib import Path
-
-    return Path(cfg.data.train).resolve().is_relative_to(Path(cfg.paths.artifacts).resolve())
 
 
 if __name__ == "__main__":

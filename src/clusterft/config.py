@@ -35,6 +35,7 @@ class PathsConfig:
 
 @dataclass
 class DataConfig:
+    source: str = _f("builtin", "builtin (make-benchmark writes the splits) or files (your own JSONL)")
     train: str = _f("artifacts/data/train.jsonl", "training JSONL (Alpaca or chat form)")
     validation: str = _f("artifacts/data/validation.jsonl", "held-out JSONL for the loss")
     test: str = _f("artifacts/data/test.jsonl", "test JSONL for exact-match evaluation")
@@ -303,6 +304,8 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("cluster.k", f"must be >= 1, got {cfg.cluster.k}")
     if cfg.train.nproc < 1:
         bad("train.nproc", f"must be >= 1, got {cfg.train.nproc}")
+    if cfg.data.source not in ("builtin", "files"):
+        bad("data.source", f"must be 'builtin' or 'files', got {cfg.data.source!r}")
     if cfg.train.finetune not in ("full", "lora"):
         bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
     if cfg.features.kind not in FEATURE_KINDS:

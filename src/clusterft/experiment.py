@@ -212,7 +212,9 @@ def prepare_shared(cfg: Any) -> None:
     from clusterft.stages import stage_functions
 
     fns = stage_functions()
-    needed = {"make-benchmark", "prepare-model"} | {s for m in cfg.experiment.methods for s in METHOD_NEEDS.get(m, ())}
+    needed = {"prepare-model"} | {s for m in cfg.experiment.methods for s in METHOD_NEEDS.get(m, ())}
+    if cfg.data.source == "builtin":
+        needed.add("make-benchmark")
     outputs = {"make-benchmark": Path(cfg.data.train), "prepare-model": cfg.artifact("model", "metrics.json"),
                "warmup": cfg.artifact("warmup", "metrics.json"), "features": cfg.artifact("features", "metrics.json"),
                "cluster": cfg.artifact("cluster", "metrics.json")}
