@@ -98,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
 
             run_experiment(args.params, args.overrides)
             return 0
+        if args.command == "features" and cfg.features.nproc > 1 and not _under_torchrun():
+            from clusterft.distributed import launch
+
+            launch(cfg.features.nproc, ["features", "--params", args.params,
+                                        *[a for o in args.overrides for a in ("--set", o)]])
+            return 0
         if args.command == "train" and cfg.train.nproc > 1 and not _under_torchrun():
             from clusterft.distributed import launch
 

@@ -19,6 +19,7 @@ the raw norm (e.g. how large a sample's gradient is) stays available.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from clusterft.data import IGNORE_INDEX, Encoded, collate
 
+log = logging.getLogger(__name__)
 MOMENTS_FILE = "adam_moments.safetensors"
 FEATURES_TIMEOUT_S = 24 * 3600  # ranks with fewer shards wait this long at the barrier
 SPEC_KEYS = ("kind", "dim", "projection", "seed", "precondition", "shard_size")  # change results
@@ -110,6 +112,9 @@ def _lora_grad(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -
     proj = (None if fcfg.projection == "none" else
             RandomProjection(grads.n_params, fcfg.dim, fcfg.projection, fcfg.seed,
                              fcfg.projection_cache_mb, device))
+    if proj is not None and fcfg.dim >= grads.n_params:
+        log.info("features.dim=%d >= %d LoRA weights: projection none would keep the exact "
+                 "gradient in fewer columns", fcfg.dim, grads.n_params)
     info = {"n_lora_params": grads.n_params, "n_lora_modules": len(grads.sites),
             "projection_cached": bool(proj is not None and proj.cached)}
     return Extractor(LoraGradPipeline(grads, moments, proj), proj.dim if proj else grads.n_params, info)
@@ -254,19 +259,22 @@ def _run_features(cfg: Any, info: Any, start: float) -> dict:
         stats = {"samples_computed": samples, "shards_computed": shards,
                  "shards_reused": len(ranges) - shards, "n_shards": len(ranges),
                  "world_size": info.world_size, **ext.info}
-        _finish(cfg, ext.dim, [e.id for e in examples], stats, start)
+        _finish(cfg, ext.dim, ranges, [e.id for e in examples], stats, start)
     barrier()
     return read_json(out / "metrics.json")
 
 
-def _finish(cfg: Any, dim: int, ids: list[str], stats: dict, start: float) -> None:
-    """Rank 0: merge shards into features.npy, write manifest + metrics, drop the shards."""
+def _finish(cfg: Any, dim: int, ranges: list[tuple[int, int]], ids: list[str], stats: dict,
+            start: float) -> None:
+    """Rank 0: merge shards into features.npy, write manifest + metrics, drop the shards.
+
+    wall_clock_s is this run's (model loading included); samples_per_s counts only the
+    samples this run computed, over all ranks."""
     from clusterft.artifacts import write_json
     from clusterft.model import base_model_dir
-    from clusterft.shards import merge_shards, remove_shard_dir, shard_ranges
+    from clusterft.shards import merge_shards, remove_shard_dir
 
     fcfg, out = cfg.features, cfg.artifact("features")
-    ranges = shard_ranges(len(ids), fcfg.shard_size)
     merge_shards(out / "shards", ranges, dim, out / "features.npy")
     seconds = time.perf_counter() - start
     manifest = {

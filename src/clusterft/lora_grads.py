@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+
 import torch
 
 from clusterft.data import per_sample_loss
@@ -70,14 +71,15 @@ class PerSampleLoraGrads:
         handles = [m.register_forward_hook(partial(_capture, store, i))
                    for i, (_, m) in enumerate(self.sites)]
         try:
-            logits = self.model(input_ids=batch["input_ids"],
-                                attention_mask=batch["attention_mask"]).logits
+            with torch.enable_grad():
+                logits = self.model(input_ids=batch["input_ids"],
+                                    attention_mask=batch["attention_mask"]).logits
+                loss = per_sample_loss(logits, batch["labels"]).sum()
         finally:
             for h in handles:
                 h.remove()
-        loss = per_sample_loss(logits, batch["labels"]).sum()
         xs, ys = zip(*(store[i] for i in range(len(self.sites))))
-        dys = torch.autograd.grad(loss, ys)
+        dys = torch.autograd.grad(loss, ys, materialize_grads=True)
         return torch.cat([torch.einsum("bto,bti->boi", dy.float(), x.float()).flatten(1)
                           for x, dy in zip(xs, dys)], dim=1)
 
