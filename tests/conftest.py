@@ -41,11 +41,17 @@ def write_params(root: Path, params: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def tiny_cfg(tmp_path):
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved 2-layer, 32-wide built-in model (safetensors) with its trained tokenizer."""
     from clusterft.config import load_config
+    from clusterft.model import prepare_builtin
 
-    return load_config(write_params(tmp_path, tiny_params(tmp_path)))
+    out = tmp_path_factory.mktemp("m") / "base"
+    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+                             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=300"])
+    prepare_builtin(cfg, ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20, out)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,5 @@
 import json
 
-import mlflow
 from mlflow.tracking import MlflowClient
 
 

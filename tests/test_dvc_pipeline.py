@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 
 from tests.conftest import REPO, tiny_params, write_params
 

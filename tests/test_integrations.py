@@ -17,18 +17,6 @@ from tests.conftest import REPO, tiny_params, write_params
 from tests.helpers.grad_case import case_samples
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from clusterft.config import load_config
-    from clusterft.model import prepare_builtin
-
-    out = tmp_path_factory.mktemp("m") / "base"
-    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
-                             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=300"])
-    prepare_builtin(cfg, ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20, out)
-    return out
-
-
 def _args(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path / "hf"), num_train_epochs=1, report_to="none", use_cpu=True,
                 save_strategy="no", disable_tqdm=True)

@@ -3,7 +3,6 @@ user data, no shell strings, and servers/docs bound to 127.0.0.1."""
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,38 +15,27 @@ CODE = sorted((REPO / "src").rglob("*.py")) + sorted((REPO / "flows").glob("*.py
 PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from clusterft.model import prepare_builtin
-
-    out = tmp_path_factory.mktemp("m") / "base"
-    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
-                             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=300"])
-    prepare_builtin(cfg, ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20, out)
-    return out
-
-
 def _no_torch_load(*args, **kwargs):
     raise AssertionError("torch.load (pickle) was called while loading a model")
 
 
-def test_folder_with_only_pytorch_model_bin_is_refused_before_anything_reads_it(model_dir, tmp_path, monkeypatch):
+def test_folder_with_only_pytorch_model_bin_is_refused_before_anything_reads_it(tiny_model_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     bin_only = tmp_path / "bin_only"
     bin_only.mkdir()
-    (bin_only / "config.json").write_text((model_dir / "config.json").read_text())
-    torch.save(load_model(model_dir).state_dict(), bin_only / "pytorch_model.bin")
+    (bin_only / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    torch.save(load_model(tiny_model_dir).state_dict(), bin_only / "pytorch_model.bin")
     monkeypatch.setattr(torch, "load", _no_torch_load)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", _no_torch_load)
     with pytest.raises(ModelError, match=r"no \*\.safetensors weights.*pickle"):
         load_model(bin_only)
 
 
-def test_weights_load_through_safetensors_even_beside_a_pickle_file(model_dir, tmp_path, monkeypatch):
+def test_weights_load_through_safetensors_even_beside_a_pickle_file(tiny_model_dir, tmp_path, monkeypatch):
     both = tmp_path / "both"
     both.mkdir()
-    for f in model_dir.iterdir():
+    for f in tiny_model_dir.iterdir():
         (both / f.name).write_bytes(f.read_bytes())
     torch.save({"not": torch.zeros(1)}, both / "pytorch_model.bin")  # would break loading if read
     monkeypatch.setattr(torch, "load", _no_torch_load)
@@ -65,15 +53,15 @@ class _Captured:
 
 
 @pytest.mark.parametrize("allow", [False, True])
-def test_trust_remote_code_is_passed_from_config_only(model_dir, monkeypatch, allow):
+def test_trust_remote_code_is_passed_from_config_only(tiny_model_dir, monkeypatch, allow):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_calls, tok_calls = _Captured(), _Captured()
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", model_calls)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", tok_calls)
     mcfg = ModelConfig(trust_remote_code=allow) if allow else ModelConfig()
-    load_model(model_dir, mcfg)
-    load_tokenizer(model_dir, mcfg)
+    load_model(tiny_model_dir, mcfg)
+    load_tokenizer(tiny_model_dir, mcfg)
     assert model_calls.calls[0]["trust_remote_code"] is allow and model_calls.calls[0]["use_safetensors"] is True
     assert tok_calls.calls[0]["trust_remote_code"] is allow
 

@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -13,29 +12,17 @@ from tests.conftest import REPO
 from tests.helpers.grad_case import CASE_WEIGHTS, case_samples
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from clusterft.config import load_config
-    from clusterft.model import prepare_builtin
-
-    out = tmp_path_factory.mktemp("m") / "base"
-    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
-                             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=300"])
-    prepare_builtin(cfg, ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20, out)
-    return out
-
-
-def test_ddp_weighted_gradient_equals_single_process_weighted_mean(model_dir, tmp_path):
+def test_ddp_weighted_gradient_equals_single_process_weighted_mean(tiny_model_dir, tmp_path):
     """2 gloo ranks with 3 and 1 samples: DDP's averaged gradient must equal the gradient of
     (1/B) sum_i w_i l_i over the whole global step computed in one process."""
     out = tmp_path / "grads.safetensors"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests/helpers/ddp_grad.py"), str(model_dir), str(out)]
+           str(REPO / "tests/helpers/ddp_grad.py"), str(tiny_model_dir), str(out)]
     subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)
     ddp = load_file(out)
 
-    model = load_model(model_dir)
+    model = load_model(tiny_model_dir)
     batch = collate(case_samples(), 0)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     loss = (torch.tensor(CASE_WEIGHTS) * per_sample_loss(logits, batch["labels"])).mean()

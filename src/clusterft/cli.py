@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Callable
 
 STAGES_WITH_METHOD = ("select", "allocate", "train", "evaluate")
 

@@ -7,7 +7,6 @@ and the model, and evaluation, cost the same for every method and are shown apar
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from clusterft.artifacts import read_json

@@ -243,6 +243,7 @@ def train_on_plan(
             "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
             "step_s": time.perf_counter() - ts,
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "pid": os.getpid(),  # a resumed run's log holds the steps of more than one process
         }
         history.append(rec)
         g += 1
