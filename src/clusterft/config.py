@@ -93,9 +93,9 @@ class WarmupConfig:
 
 @dataclass
 class FeaturesConfig:
-    kind: str = _f("lora_grad", "lora_grad (per-sample LoRA gradients, LESS-style), lastlayer "
-                   "(the paper's last-layer proxy) or embedding (mean final hidden state over all "
-                   "non-pad tokens)")
+    kind: str = _f("embedding", "embedding (mean final hidden state over all non-pad tokens; "
+                   "clustered best per second on the built-in model), lora_grad (per-sample LoRA "
+                   "gradients, LESS-style) or lastlayer (the paper's last-layer proxy)")
     batch_size: int = _f(64, "samples per forward (and backward) pass")
     dim: int = _f(8192, "lora_grad: dimension the gradient is projected to")
     projection: str = _f("rademacher", "lora_grad: rademacher or gaussian (seeded, generated in "
@@ -126,8 +126,8 @@ class SelectConfig:
     budget: float = _f(0.2, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
     split: str = _f("waterfill", "budget split over clusters: waterfill, proportional, power")
     tau: float = _f(0.5, "exponent of the power split: quota ~ n_k^tau (0 = equal, 1 = proportional)")
-    within: str = _f("far", "which samples a cluster keeps: far (from centre), near, random, kcenter")
-    alpha: float = _f(1.0, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
+    within: str = _f("kcenter", "which samples a cluster keeps: kcenter, far (from centre), near, random")
+    alpha: float = _f(0.5, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
     paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
 
