@@ -43,10 +43,10 @@ def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
     assert ran(again) == set()
     assert "Data and pipelines are up to date" in dvc(root, "status")
 
-    params["select"]["budget"] = 0.5
+    params["select"]["budget"] = 0.3
     write_params(root, params)
     third = ran(dvc(root, "repro"))
     assert {"select@cluster", "allocate@cluster", "train@cluster", "evaluate@cluster", "compare"} <= third
     assert not third & {"make-benchmark", "prepare-model", "warmup", "features", "cluster", "train@full"}
     sel = (root / "artifacts/methods/cluster/selection.jsonl").read_text().splitlines()
-    assert len(sel) == 0.5 * params["benchmark"]["n_train"]
+    assert len(sel) == 0.3 * params["benchmark"]["n_train"]

@@ -123,7 +123,7 @@ class ClusterConfig:
 @dataclass
 class SelectConfig:
     methods: list[str] = _f(["full", "cluster"], "methods the pipeline runs and compares")
-    budget: float = _f(0.2, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
+    budget: float = _f(0.5, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
     split: str = _f("waterfill", "budget split over clusters: waterfill, proportional, power")
     tau: float = _f(0.5, "exponent of the power split: quota ~ n_k^tau (0 = equal, 1 = proportional)")
     within: str = _f("kcenter", "which samples a cluster keeps: kcenter, far (from centre), near, random")
