@@ -97,19 +97,14 @@ def main(argv: list[str] | None = None) -> int:
 
             run_experiment(args.params, args.overrides)
             return 0
-        if args.command == "features" and cfg.features.nproc > 1 and not _under_torchrun():
+        workers = {"features": cfg.features.nproc, "train": cfg.train.nproc}.get(args.command, 1)
+        if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
             from clusterft.distributed import launch
 
-            launch(cfg.features.nproc, ["features", "--params", args.params,
-                                        *[a for o in args.overrides for a in ("--set", o)]])
-            return 0
-        if args.command == "train" and cfg.train.nproc > 1 and not _under_torchrun():
-            from clusterft.distributed import launch
-
-            overrides = [a for o in args.overrides for a in ("--set", o)]
-            run = ["--run-name", args.run] if args.run else []
-            launch(cfg.train.nproc, ["train", "--params", args.params, "--method", args.method, *run, *overrides],
-                   max_restarts=cfg.train.max_restarts)
+            again = [args.command, "--params", args.params, *[a for o in args.overrides for a in ("--set", o)]]
+            if args.command in STAGES_WITH_METHOD:
+                again += ["--method", args.method] + (["--run-name", args.run] if args.run else [])
+            launch(workers, again, max_restarts=cfg.train.max_restarts if args.command == "train" else 0)
             return 0
         fn = stage_functions()[args.command]
         fn(cfg, args.method, args.run) if args.command in STAGES_WITH_METHOD else fn(cfg)
