@@ -24,7 +24,8 @@ import torch
 from clusterft.config import FeaturesConfig, ModelConfig, PipelineConfig, load_config
 from clusterft.data import Encoded, encode_all, load_examples, per_sample_loss
 from clusterft.features import Extractor, build_extractor, extract
-from clusterft.lora_grads import loop_per_sample_grads, lora_parameters
+from clusterft.lora_grads import (PerSampleLoraGrads, ResponseLoss, loop_per_sample_grads,
+                                  lora_parameters)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,22 +191,32 @@ def vmap_grads(model: torch.nn.Module, chunk: int = 32) -> Callable[[dict], torc
 
 
 def methods(case: Case, proj_dim: int) -> list[tuple[str, Extractor, int]]:
-    """(row name, extractor, samples to time) for every method compared on `case`."""
-    fcfg = FeaturesConfig(kind="lora_grad", dim=proj_dim, precondition=case.precondition)
-    full = build_extractor(case.model, fcfg, case.adapter_dir)
-    grads = full.fn.grads
+    """(row name, extractor, samples to time) for every method compared on `case`. The
+    reference (row 2) is the LESS loop: batch size 1, the model's full logits."""
+    fcfg = FeaturesConfig(kind="lora_grad", dim=proj_dim, precondition=case.precondition,
+                          projection="sparse")
+    ours = build_extractor(case.model, fcfg, case.adapter_dir)
+    dense = build_extractor(case.model, replace(fcfg, projection="rademacher"), case.adapter_dir)
+    grads = ours.fn.grads
     p, loop_n = grads.n_params, case.loop_samples
-    loop = partial(loop_per_sample_grads, case.model)
-    tail = "precond + proj" if case.precondition else "proj"
+    less_loop = partial(loop_per_sample_grads, case.model)
+    head_loop = partial(loop_per_sample_grads, case.model, loss=ResponseLoss(case.model))
+    tail = "precond + " if case.precondition else ""
     other = {k: build_extractor(case.model, replace(fcfg, kind=k), case.adapter_dir)
              for k in ("lastlayer", "embedding")}
     return [
-        ("lora_grad batched (hooks), grads only", Extractor(grads, p), case.n_samples),
-        ("lora_grad loop bs=1, grads only", Extractor(loop, p), loop_n),
-        ("lora_grad vmap chunk 32, grads only", Extractor(vmap_grads(case.model), p), loop_n),
-        (f"lora_grad batched + {tail} {proj_dim}", full, case.n_samples),
-        (f"lora_grad loop bs=1 + {tail} {proj_dim}",
-         Extractor(replace(full.fn, grads=loop), proj_dim), loop_n),
+        ("**lora_grad batched (hooks, response-only head), grads only**", Extractor(grads, p),
+         case.n_samples),
+        ("lora_grad loop bs=1, full logits (LESS), grads only", Extractor(less_loop, p), loop_n),
+        ("lora_grad loop bs=1, response-only head, grads only", Extractor(head_loop, p), loop_n),
+        ("lora_grad batched (hooks), full logits, grads only",
+         Extractor(PerSampleLoraGrads(case.model, response_only_head=False), p), case.n_samples),
+        ("lora_grad vmap chunk 32, full logits, grads only", Extractor(vmap_grads(case.model), p),
+         loop_n),
+        (f"lora_grad batched + {tail}sparse proj {proj_dim} (default)", ours, case.n_samples),
+        (f"lora_grad batched + {tail}dense Rademacher proj {proj_dim}", dense, case.n_samples),
+        (f"lora_grad LESS loop + {tail}dense Rademacher proj {proj_dim}",
+         Extractor(replace(dense.fn, grads=less_loop), proj_dim), loop_n),
         ("lastlayer proxy (forward only)", other["lastlayer"], case.n_samples),
         ("embedding (forward only)", other["embedding"], case.n_samples),
     ]
@@ -225,7 +236,7 @@ def measure(ext: Extractor, case: Case, n: int, batch_size: int, repeats: int) -
 
 
 def throughput_rows(case: Case, proj_dim: int, batch_size: int) -> list[list[str]]:
-    """One table row per method on `case`; speed-up is relative to the bs=1 grads-only loop."""
+    """One table row per method on `case`; speed-up is relative to the LESS loop (row 2)."""
     rows, results = [], []
     for name, ext, n in methods(case, proj_dim):
         print(f"[{case.name}] {name}: {n} samples", flush=True)
@@ -241,10 +252,13 @@ def throughput_rows(case: Case, proj_dim: int, batch_size: int) -> list[list[str
 
 def ari_variants(dims: list[int]) -> list[tuple[str, list[str]]]:
     """(row name, features.* overrides) of every feature configuration clustered."""
-    rows = [(f"lora_grad dim {d}", [f"features.dim={d}"]) for d in dims]
-    rows += [(f"lora_grad dim {dims[-1]} no precond", [f"features.dim={dims[-1]}",
-                                                        "features.precondition=false"]),
-             ("lora_grad raw (projection none)", ["features.projection=none"]),
+    lora, last = "features.kind=lora_grad", f"features.dim={dims[-1]}"
+    rows = [(f"lora_grad sparse dim {d}", [lora, f"features.dim={d}", "features.projection=sparse"])
+            for d in dims]
+    rows += [(f"lora_grad Rademacher dim {dims[-1]}", [lora, last, "features.projection=rademacher"]),
+             (f"lora_grad sparse dim {dims[-1]} no precond",
+              [lora, last, "features.projection=sparse", "features.precondition=false"]),
+             ("lora_grad raw (projection none)", [lora, "features.projection=none"]),
              ("lastlayer", ["features.kind=lastlayer"]), ("embedding", ["features.kind=embedding"])]
     return rows
 
@@ -299,7 +313,7 @@ def main() -> None:
         case = build()
         rows += throughput_rows(case, sz["proj_dim"], args.batch_size) if case is not None else []
         del case
-    head = ["model", "method", "samples", "samples/s", "vs bs=1 loop grads", "peak RSS MiB"]
+    head = ["model", "method", "samples", "samples/s", "vs LESS loop", "peak RSS MiB"]
     print("\n## Throughput (same model, data and machine)\n" + table(head, rows), flush=True)
     if not args.no_ari:
         rows = ari_rows(cfg, overrides, sz["dims"])

@@ -3,7 +3,7 @@ every (method, budget) with its seed spread, and a rerun reuses finished runs.""
 
 import json
 
-from clusterft.experiment import RunSpec, aggregate, grid, run_experiment
+from clusterft.experiment import RunSpec, aggregate, at_equal_time, equal_time_markdown, grid, run_experiment
 from tests.conftest import tiny_params, write_params
 
 
@@ -21,6 +21,22 @@ def test_aggregate_mean_and_spread():
     (a,) = aggregate(rows)
     assert a["seeds"] == 2 and a["macro_em"] == 0.6 and abs(a["macro_em_std"] - 0.1) < 1e-12
     assert a["time_vs_full_train"] == 1.0
+
+
+def test_equal_time_interpolates_between_budgets_and_never_extrapolates():
+    def agg(method, t, em):
+        return {"method": method, "end_to_end_s": t, "macro_em": em, "worst_skill_em": em / 2,
+                "time_vs_full_train": t / 100.0}
+
+    aggs = [agg("full", 100.0, 0.9), agg("cluster", 20.0, 0.4), agg("cluster", 60.0, 0.8),
+            agg("infobatch", 70.0, 0.85)]
+    at = at_equal_time(aggs, 50.0, "macro_em")
+    assert at["cluster"] == (0.7, True) and at["full"] is None and at["infobatch"] is None
+    assert at_equal_time(aggs, 70.5, "macro_em")["infobatch"] == (0.85, False)  # its own point
+    assert at_equal_time(aggs, 80.0, "macro_em")["cluster"] is None  # beyond its largest budget
+    md = equal_time_markdown(aggs)
+    assert "| 70.0 | 0.70 | - | - | 0.850 / 0.425 |" in md
+    assert "| 20.0 | 0.20 | - | 0.400 / 0.200 | - |" in md
 
 
 def test_tiny_experiment_end_to_end(tmp_path):

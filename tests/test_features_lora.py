@@ -90,3 +90,53 @@ def test_rademacher_entries_and_norms():
     y = RandomProjection(4000, 2048, "rademacher", seed=1)(x)
     ratio = y.norm(dim=1) / x.norm(dim=1)
     assert ((ratio > 0.9) & (ratio < 1.1)).all()  # JL: norms kept up to a few percent
+
+
+def test_response_only_head_is_used_and_equals_full_logits():
+    from clusterft.lora_grads import ResponseLoss
+
+    model = lora_model()
+    batch = collate(lora_samples(), pad_id=0)
+    fast = ResponseLoss(model)
+    got = fast(model, batch)
+    assert fast.response_only  # the tiny Llama exposes decoder + plain Linear head
+    torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
+    fast_grads = PerSampleLoraGrads(model)(batch)
+    full_grads = PerSampleLoraGrads(model, response_only_head=False)(batch)
+    assert ((fast_grads - full_grads).norm(dim=1) / full_grads.norm(dim=1)).max() < 1e-5
+
+
+def test_response_only_head_falls_back_when_the_model_changes_its_logits():
+    from clusterft.lora_grads import ResponseLoss
+
+    model = lora_model()
+    batch = collate(lora_samples(), pad_id=0)
+    causal_lm = model.get_base_model()  # e.g. logit soft-capping after the head
+    handle = causal_lm.register_forward_hook(
+        lambda mod, inp, out: out.__setitem__("logits", out["logits"] * 0.5) or out)
+    try:
+        loss = ResponseLoss(model)
+        got = loss(model, batch)
+        assert not loss.response_only
+        torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
+    finally:
+        handle.remove()
+
+
+def test_sparse_projection_is_seeded_sparse_and_keeps_norms():
+    from clusterft.projection import sparse_s
+
+    n_in, dim = 2 * BLOCK_ROWS + 300, 512
+    proj = RandomProjection(n_in, dim, "sparse", seed=3, cache_mb=0)  # always cached: it is small
+    dense = projection_matrix("sparse", 3, n_in, dim)
+    s = sparse_s(n_in)
+    assert proj.cached and proj.sparse_t._nnz() == np.count_nonzero(dense)
+    assert abs(np.count_nonzero(dense) / dense.size - 1 / s) < 0.1 / s
+    np.testing.assert_allclose(np.unique(np.abs(dense[dense != 0])), np.sqrt(s / dim), rtol=1e-6)
+    np.testing.assert_array_equal(projection_matrix("sparse", 3, n_in, dim), dense)
+    assert not np.array_equal(projection_matrix("sparse", 4, n_in, dim), dense)
+    x = torch.randn(6, n_in)
+    torch.testing.assert_close(proj(x), x @ torch.from_numpy(dense), rtol=1e-4, atol=1e-4)
+    x = torch.randn(20, 40_000)
+    ratio = RandomProjection(40_000, 4096, "sparse", seed=1)(x).norm(dim=1) / x.norm(dim=1)
+    assert ((ratio > 0.9) & (ratio < 1.1)).all()

@@ -34,7 +34,7 @@ def test_default_kind_is_embedding_and_bad_projection_is_rejected():
     cfg = load_config(None)  # embedding clustered best per second (BENCHMARKS.md)
     assert (cfg.features.kind, cfg.features.dim, cfg.features.precondition) == ("embedding", 8192, True)
     with pytest.raises(ConfigError, match="features.projection"):
-        load_config(None, ["features.projection=sparse"])
+        load_config(None, ["features.projection=orthogonal"])
 
 
 def test_shard_with_wrong_shape_is_not_complete(tmp_path):

@@ -98,8 +98,9 @@ class FeaturesConfig:
                    "gradients, LESS-style) or lastlayer (the paper's last-layer proxy)")
     batch_size: int = _f(64, "samples per forward (and backward) pass")
     dim: int = _f(8192, "lora_grad: dimension the gradient is projected to")
-    projection: str = _f("rademacher", "lora_grad: rademacher or gaussian (seeded, generated in "
-                         "blocks), or none (store the raw gradient, one column per LoRA weight)")
+    projection: str = _f("sparse", "lora_grad: sparse (very sparse +-1, 1/sqrt(P) non-zero: "
+                         "always cached, fastest), rademacher or gaussian (dense, seeded, generated "
+                         "in blocks), or none (store the raw gradient, one column per LoRA weight)")
     seed: int = _f(0, "lora_grad: projection seed")
     precondition: bool = _f(True, "lora_grad: Adam-precondition with the warmup optimizer's "
                             "moments (as LESS does)")
@@ -331,7 +332,7 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
 
 
 FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding")
-FEATURE_PROJECTIONS = ("rademacher", "gaussian", "none")
+FEATURE_PROJECTIONS = ("sparse", "rademacher", "gaussian", "none")
 SELECT_METHODS = ("full", "random", "cluster", "cluster_paper", "infobatch")
 
 

@@ -139,6 +139,49 @@ def markdown(aggs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def at_equal_time(aggs: list[dict[str, Any]], t: float, key: str) -> dict[str, tuple[float, bool] | None]:
+    """Per method, its mean `key` at end-to-end time t: (value, interpolated?), linear
+    between the method's two budgets that bracket t; None when t is outside its range
+    (no extrapolation). A method measured at one point only counts at that point (+-2%)."""
+    out: dict[str, tuple[float, bool] | None] = {}
+    for method in dict.fromkeys(a["method"] for a in aggs):
+        pts = sorted((a["end_to_end_s"], a[key]) for a in aggs if a["method"] == method)
+        exact = [v for x, v in pts if abs(x - t) <= 0.02 * t]
+        if exact:
+            out[method] = (exact[0], False)
+            continue
+        out[method] = None
+        for (x0, v0), (x1, v1) in zip(pts, pts[1:]):
+            if x0 < t < x1:
+                out[method] = (v0 + (v1 - v0) * (t - x0) / (x1 - x0), True)
+    return out
+
+
+def equal_time_markdown(aggs: list[dict[str, Any]]) -> str:
+    """Macro / worst-skill EM of every method at the end-to-end times the budget-free
+    methods (InfoBatch, full) and `cluster` were measured at: a comparison at equal wall-clock."""
+    full_train = next((a["end_to_end_s"] / a["time_vs_full_train"] for a in aggs if a["method"] == "full"),
+                      None)
+    times = sorted({round(a["end_to_end_s"], 1) for a in aggs if a["method"] in ("cluster", "infobatch", "full")})
+    methods = list(dict.fromkeys(a["method"] for a in aggs))
+    lines = ["| end-to-end s | x full train | " + " | ".join(methods) + " |",
+             "|---|---|" + "---|" * len(methods)]
+    for t in times:
+        macro, worst = at_equal_time(aggs, t, "macro_em"), at_equal_time(aggs, t, "worst_skill_em")
+        cells = []
+        for m in methods:
+            if macro[m] is None:
+                cells.append("-")
+            else:
+                mark = " (interp.)" if macro[m][1] else ""
+                cells.append(f"{macro[m][0]:.3f} / {worst[m][0]:.3f}{mark}")
+        ratio = f"{t / full_train:.2f}" if full_train else "-"
+        lines.append(f"| {t:.1f} | {ratio} | " + " | ".join(cells) + " |")
+    return ("Macro / worst-skill exact match at equal end-to-end time (seed means; "
+            "'interp.' = linear between the method's two neighbouring budgets, '-' = outside "
+            "the times it was measured at):\n\n" + "\n".join(lines) + "\n")
+
+
 def plot(aggs: list[dict[str, Any]], path: Path) -> None:
     """End-to-end time vs macro and worst-skill EM (mean +- std over seeds); full = line."""
     from clusterft.plots import _figure, _save
@@ -177,7 +220,7 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
     table = markdown(aggs)
     plot(aggs, out / "report.png")
     atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n" + table
-                      + "\n![time vs accuracy](report.png)\n")
+                      + "\n" + equal_time_markdown(aggs) + "\n![time vs accuracy](report.png)\n")
     write_json(out / "results.json", {"runs": rows, "aggregate": aggs})
     summary: dict[str, Any] = {"aggregate": aggs}
     if track:
