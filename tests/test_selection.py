@@ -89,12 +89,15 @@ def test_proportional_and_power_splits():
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(20, 200), st.integers(1, 8), st.floats(0.05, 1.0), st.integers(0, 1000),
-       st.sampled_from(["far", "near", "random", "kcenter"]), st.sampled_from(["waterfill", "proportional", "power"]))
-def test_cluster_selection_invariants(n, k, budget, seed, within, split):
+       st.sampled_from(["far", "near", "random", "kcenter"]), st.sampled_from(["waterfill", "proportional", "power"]),
+       st.booleans())
+def test_cluster_selection_invariants(n, k, budget, seed, within, split, duplicates):
     rng = np.random.default_rng(seed)
     k = min(k, n)
     labels = np.concatenate([np.arange(k), rng.integers(0, k, size=n - k)])
     feats = rng.normal(size=(n, 4)).astype(np.float32)
+    if duplicates:  # real data repeats itself: many rows with identical features
+        feats = feats[rng.integers(0, 3, size=n)]
     centers = np.stack([feats[labels == c].mean(0) for c in range(k)])
     sel = select_cluster(labels, feats, centers, budget, seed, within=within, split=split)
     assert len(sel.rows) == max(1, int(round(budget * n)))
@@ -102,6 +105,15 @@ def test_cluster_selection_invariants(n, k, budget, seed, within, split):
     assert sel.weights.mean() == pytest.approx(1.0)
     again = select_cluster(labels, feats, centers, budget, seed, within=within, split=split)
     assert (again.rows == sel.rows).all() and (again.weights == sel.weights).all()
+
+
+def test_kcenter_returns_distinct_rows_even_when_rows_are_identical():
+    x = np.concatenate([np.zeros((6, 2)), np.ones((4, 2))])
+    got = kcenter_greedy(x, 8, start=0).tolist()
+    assert len(set(got)) == 8
+    assert got[1] >= 6  # the other point first, then the duplicates
+    with pytest.raises(SelectionError, match="m <= 10"):
+        kcenter_greedy(x, 11, start=0)
 
 
 def test_kcenter_spreads_out():

@@ -82,13 +82,18 @@ SPLIT_TAU = {"waterfill": 0.0, "proportional": 1.0}
 
 
 def kcenter_greedy(x: np.ndarray, m: int, start: int) -> np.ndarray:
-    """m row indices of x covering it best: each pick is the row farthest from those chosen."""
+    """m distinct row indices of x covering it best: each pick is the unchosen row farthest
+    from those chosen. Exact duplicates (distance 0) come last, but are still distinct rows."""
+    if not 0 < m <= len(x):
+        raise SelectionError(f"k-center needs 0 < m <= {len(x)} rows, got m={m}")
     chosen = [start]
     dist = np.linalg.norm(x - x[start], axis=1)
+    dist[start] = -np.inf
     for _ in range(m - 1):
         nxt = int(np.argmax(dist))
         chosen.append(nxt)
         dist = np.minimum(dist, np.linalg.norm(x - x[nxt], axis=1))
+        dist[chosen] = -np.inf
     return np.asarray(chosen, dtype=np.int64)
 
 
@@ -152,6 +157,8 @@ def select_cluster(
                 f"select.within must be far, near, random or kcenter, got {within!r}")
         kept.append(pick)
     rows = np.sort(np.concatenate(kept)).astype(np.int64)
+    if np.any(rows[1:] == rows[:-1]):  # a repeated row would be trained twice, silently
+        raise SelectionError(f"within={within!r} picked a sample twice")
     clusters = labels[rows].astype(np.int64)
     return Selection(rows, clusters, unbiased_weights(sizes, quotas, clusters, alpha))
 
