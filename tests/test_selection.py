@@ -159,3 +159,20 @@ def test_paper_mode_budget_collapses_with_a_tiny_cluster():
                         np.array([0.0, 0.0, 1.0]) + 0.02 * rng.normal(size=(3, 3))]).astype(np.float32)
     sel = select_cluster_paper(x, world_size=3, ratio=1.0, seed=0)  # cap 50: no reassignment
     assert len(sel.rows) == 9  # 3 clusters x min size 3, although r = 1.0
+
+
+def test_dedup_spends_the_budget_on_distinct_samples_and_keeps_the_copies_mass():
+    rng = np.random.default_rng(0)
+    pool = rng.normal(size=(2, 4)).astype(np.float32)
+    feats = np.concatenate([pool[np.arange(50) % 2], rng.normal(size=(50, 4)).astype(np.float32)])
+    labels = np.repeat([0, 1], 50)
+    centers = np.stack([feats[:50].mean(0), feats[50:].mean(0)])
+    plain = select_cluster(labels, feats, centers, 20, 0, within="kcenter", dedup=False)
+    dedup = select_cluster(labels, feats, centers, 20, 0, within="kcenter", alpha=0.5, dedup=True)
+    assert np.bincount(plain.clusters).tolist() == [10, 10]  # 8 of cluster 0's rows are copies
+    assert np.bincount(dedup.clusters).tolist() == [2, 18]
+    assert len(np.unique(feats[dedup.rows], axis=0)) == 20
+    w = dict(zip(dedup.clusters.tolist(), dedup.weights.tolist()))
+    assert w[0] / w[1] == pytest.approx((50 / 2) ** 0.5 / (50 / 18) ** 0.5)  # alpha 0.5, full sizes
+    more = select_cluster(labels, feats, centers, 60, 0, within="kcenter", dedup=True)
+    assert len(more.rows) == 60 and np.bincount(more.clusters)[1] == 50  # distinct first, then copies

@@ -129,6 +129,8 @@ class SelectConfig:
     tau: float = _f(0.5, "exponent of the power split: quota ~ n_k^tau (0 = equal, 1 = proportional)")
     within: str = _f("kcenter", "which samples a cluster keeps: kcenter, far (from centre), near, random")
     alpha: float = _f(0.5, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
+    dedup: bool = _f(False, "cap each cluster's quota at its number of distinct feature vectors "
+                     "(exact copies are pure redundancy); the rest of the budget goes elsewhere")
     paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
 

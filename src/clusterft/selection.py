@@ -114,6 +114,23 @@ def select_random(n: int, budget: float, seed: int) -> Selection:
     return Selection(rows, np.full(m, -1, np.int64), np.ones(m))
 
 
+def distinct_counts(x: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """Number of distinct rows of x (exact equality) in each of the k clusters."""
+    return np.array([len(np.unique(x[labels == c], axis=0)) if np.any(labels == c) else 0
+                     for c in range(k)], dtype=np.int64)
+
+
+def _quotas(x: np.ndarray, labels: np.ndarray, sizes: np.ndarray, m: int, tau: float,
+            dedup: bool) -> np.ndarray:
+    """Per-cluster quotas summing to m; with dedup, distinct samples are spent first."""
+    if not dedup:
+        return split_budget(sizes, m, tau)
+    distinct = distinct_counts(x, labels, len(sizes))
+    if m <= distinct.sum():
+        return split_budget(distinct, m, tau)
+    return distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau)
+
+
 def select_cluster(
     labels: np.ndarray,
     features: np.ndarray,
@@ -124,9 +141,13 @@ def select_cluster(
     alpha: float = 1.0,
     split: str = "waterfill",
     tau: float = 0.5,
+    dedup: bool = False,
 ) -> Selection:
     """Quotas per cluster by `split` (waterfill, proportional, power with n_k^tau); inside a
-    cluster keep the samples farthest from / nearest to the centre, random, or k-center."""
+    cluster keep the samples farthest from / nearest to the centre, random, or k-center.
+    With `dedup`, a cluster's quota is capped at its number of distinct feature vectors
+    (exact copies are pure redundancy) and the rest of the budget goes to other clusters;
+    weights still use the full cluster sizes, so the copies' mass is kept."""
     from clusterft.clustering import l2_normalize
 
     n = len(labels)
@@ -134,9 +155,9 @@ def select_cluster(
     sizes = np.bincount(labels, minlength=k)
     if split not in (*SPLIT_TAU, "power"):
         raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
-    quotas = split_budget(sizes, budget_count(budget, n), SPLIT_TAU.get(split, tau))
-    rng = np.random.default_rng(seed)
     x = l2_normalize(np.asarray(features, dtype=np.float32))
+    quotas = _quotas(x, labels, sizes, budget_count(budget, n), SPLIT_TAU.get(split, tau), dedup)
+    rng = np.random.default_rng(seed)
     kept: list[np.ndarray] = []
     for c in range(k):
         members = np.flatnonzero(labels == c)
@@ -273,7 +294,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
         sel = select_cluster(
             labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True),
             load_npy(cfg.artifact("cluster", "centers.npy")), s.budget, s.seed, s.within, s.alpha,
-            s.split, s.tau,
+            s.split, s.tau, s.dedup,
         )
     elif method == "cluster_paper":
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
