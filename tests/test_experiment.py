@@ -25,7 +25,7 @@ def test_aggregate_mean_and_spread():
 
 def test_equal_time_interpolates_between_budgets_and_never_extrapolates():
     def agg(method, t, em):
-        return {"method": method, "end_to_end_s": t, "macro_em": em, "worst_skill_em": em / 2,
+        return {"method": method, "end_to_end_s": t, "train_s": t, "macro_em": em, "worst_skill_em": em / 2,
                 "time_vs_full_train": t / 100.0}
 
     aggs = [agg("full", 100.0, 0.9), agg("cluster", 20.0, 0.4), agg("cluster", 60.0, 0.8),

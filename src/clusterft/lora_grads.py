@@ -14,11 +14,10 @@ of its memory traffic, on logits of prompt and pad tokens that have no loss.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-
-import logging
 
 import torch
 
@@ -82,9 +81,9 @@ class ResponseLoss:
     """(model, batch) -> [B] mean response-token loss per sample, with the output layer
     applied only where a token has a label, and no padding mask for right-padded batches
     (pads come after every real token, so plain causal attention is exact and SDPA can take
-    its causal fast path; pads carry no loss, so nothing flows back from them). On its first batch it checks itself against
-    the model's own full-logit forward (per_sample_loss) and falls back to that when they
-    differ (e.g. a model that scales or soft-caps its logits after the head)."""
+    its causal fast path; pads carry no loss, so nothing flows back from them). On its first
+    batch it checks itself against the model's own full-logit forward (per_sample_loss) and
+    falls back to that when they differ (e.g. a model that scales or soft-caps its logits)."""
 
     def __init__(self, model: torch.nn.Module, response_only: bool = True) -> None:
         self.parts = _decoder_and_head(model) if response_only else None
@@ -96,16 +95,16 @@ class ResponseLoss:
 
     def fast(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         decoder, head = self.parts
-        mask = batch["attention_mask"]
-        if bool((mask[:, :-1] >= mask[:, 1:]).all()):
-            mask = None  # right padding: causal attention already keeps real tokens off the pads
-        hidden = decoder(input_ids=batch["input_ids"], attention_mask=mask)[0]
+        attn = batch["attention_mask"]
+        if bool((attn[:, :-1] >= attn[:, 1:]).all()):
+            attn = None  # right padding: causal attention already keeps real tokens off the pads
+        hidden = decoder(input_ids=batch["input_ids"], attention_mask=attn)[0]
         labels = batch["labels"][:, 1:]  # hidden state t predicts token t + 1
-        mask = labels != IGNORE_INDEX
-        rows, cols = mask.nonzero(as_tuple=True)
+        scored = labels != IGNORE_INDEX
+        rows, cols = scored.nonzero(as_tuple=True)
         tok = torch.nn.functional.cross_entropy(head(hidden[rows, cols]).float(), labels[rows, cols],
                                                 reduction="none")
-        counts = mask.sum(1).clamp(min=1)
+        counts = scored.sum(1).clamp(min=1)
         return torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(
             0, rows, tok / counts[rows])
 

@@ -93,7 +93,7 @@ def kcenter_greedy(x: np.ndarray, m: int, start: int) -> np.ndarray:
         nxt = int(np.argmax(dist))
         chosen.append(nxt)
         dist = np.minimum(dist, np.linalg.norm(x - x[nxt], axis=1))
-        dist[chosen] = -np.inf
+        dist[nxt] = -np.inf  # chosen rows stay at -inf: the minimum keeps them there
     return np.asarray(chosen, dtype=np.int64)
 
 
