@@ -113,7 +113,8 @@ def tiny_overrides(workdir: Path, n_train: int, quick: bool) -> list[str]:
     art = workdir / "artifacts"
     overrides = [f"paths.artifacts={art}", f"data.train={art}/data/train.jsonl",
                  f"data.validation={art}/data/validation.jsonl", f"data.test={art}/data/test.jsonl",
-                 f"benchmark.n_train={n_train}", "model.path=", "model.gguf_file="]
+                 f"benchmark.n_train={n_train}", "model.path=", "model.gguf_file=",
+                 "features.model=target"]  # this benchmark times the target model's LoRA gradients
     return overrides + (["warmup.epochs=1", "cluster.n_init=1"] if quick else [])
 
 
@@ -131,8 +132,9 @@ def prepare_tiny(overrides: list[str]) -> PipelineConfig:
 
 def tiny_case(cfg: PipelineConfig, n: int, loop_n: int, repeats: int) -> Case:
     from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
+    from clusterft.warmup import state_dir
 
-    base, adapter = base_model_dir(cfg), cfg.artifact("warmup", "adapter")
+    base, adapter = base_model_dir(cfg), state_dir(cfg) / "adapter"
     tok = load_tokenizer(base, cfg.model)
     encoded = encode_all(load_examples(cfg, "train")[:n], tok, cfg.data.max_length)
     model = load_with_adapter(base, adapter, cfg.model).eval()

@@ -112,3 +112,22 @@ def test_per_sample_loss_ignores_prompt_and_padding(tokenizer, tmp_path):
         keep = lab != IGNORE_INDEX
         want = torch.nn.functional.cross_entropy(logits[i, :-1][keep], lab[keep])
         assert torch.allclose(got[i], want, atol=1e-6)
+
+
+def test_chat_template_rendering_loss_only_records_and_bom(tmp_path, tokenizer):
+    from clusterft.data import chat_renderer
+
+    tokenizer.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}[assistant]\n{% endif %}")
+    render = chat_renderer(tokenizer, T, system_prompt="Be brief.")
+    raw = ("\ufeff" + json.dumps({"instruction": "Reverse", "input": "a b", "output": "b a"}) + "\n"
+           + json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                         "exact_match": False}) + "\n").encode("utf-8")
+    ex = load_jsonl(write(tmp_path, [], raw=raw), render)
+    assert ex[0].prompt == "[system] Be brief.\n[user] Reverse\n\na b\n[assistant]\n"
+    assert ex[0].scored and not ex[1].scored
+    enc = encode(ex[0], tokenizer, 64)  # the prompt ends in a newline: no space before the answer
+    answer = [t for t, lab in zip(enc.input_ids, enc.labels) if lab != IGNORE_INDEX][:-1]
+    assert tokenizer.decode(answer) == "b a"
+    with pytest.raises(DataError, match="'exact_match' must be true or false"):
+        load_jsonl(write(tmp_path, [{"instruction": "x", "output": "y", "exact_match": "no"}]), render)

@@ -56,3 +56,15 @@ def test_tiny_experiment_end_to_end(tmp_path):
     mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
     run_experiment(params, progress=False)  # finished runs are reused, not retrained
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime
+    assert "Zero-shot base model" in md and json.loads(
+        (tmp_path / "artifacts/baseline/eval.json").read_text())["method"] == "zero_shot"
+    features = (tmp_path / "artifacts/features/features.npy").stat().st_mtime
+    run_experiment(params, ["train.lr=0.001"], progress=False)  # a changed param: stale runs rerun
+    assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime > mtime
+    assert (tmp_path / "artifacts/features/features.npy").stat().st_mtime == features  # shared: same
+    run_experiment(params, ["train.lr=0.001", "cluster.k=3"], progress=False)
+    assert (tmp_path / "artifacts/features/features.npy").stat().st_mtime > features
+    part = run_experiment(params, ["train.lr=0.001", "cluster.k=3", "experiment.seeds=[0, 5]"],
+                          report_only=True)  # seed 5 never ran: reported without it, not trained
+    assert {a["seeds"] for a in part["aggregate"]} == {1}
+    assert not (tmp_path / "artifacts/experiments/full-s5").exists()

@@ -17,7 +17,9 @@ def prepared(tmp_path_factory):
     from clusterft.stages import stage_functions
 
     root = tmp_path_factory.mktemp("features_stage")
-    params = write_params(root, tiny_params(root))
+    p = tiny_params(root)
+    p["features"]["model"] = "target"  # lora_grad: gradients of the model being trained
+    params = write_params(root, p)
     cfg = load_config(params)
     fns = stage_functions()
     for name in ("make-benchmark", "prepare-model", "warmup"):
@@ -95,6 +97,7 @@ def test_raw_gradient_features_equal_autograd_per_sample(prepared):
     from clusterft.data import collate, encode_all, load_examples
     from clusterft.lora_grads import loop_per_sample_grads
     from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
+    from clusterft.warmup import state_dir
 
     cfg = cfg_with(prepared, "features.projection=none", "features.precondition=false")
     m = run_features(cfg)
@@ -102,7 +105,7 @@ def test_raw_gradient_features_equal_autograd_per_sample(prepared):
     feats = artifacts.load_npy(cfg.artifact("features", "features.npy"))
     tok = load_tokenizer(base_model_dir(cfg))
     encoded = encode_all(load_examples(cfg, "train")[:3], tok, cfg.data.max_length)
-    model = load_with_adapter(base_model_dir(cfg), cfg.artifact("warmup", "adapter"), cfg.model).eval()
+    model = load_with_adapter(base_model_dir(cfg), state_dir(cfg) / "adapter", cfg.model).eval()
     want = loop_per_sample_grads(model, collate(encoded, tok.pad_token_id)).numpy()
     np.testing.assert_allclose(feats[:3], want, rtol=1e-4, atol=1e-6)
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from clusterft.selection import (
-    SelectionError, budget_count, select_cluster, select_full, select_random, unbiased_weights, waterfill,
+    SelectionError, budget_count, duplicate_groups, select_cluster, select_full, select_random, unbiased_weights, waterfill,
 )
 
 
@@ -163,16 +163,32 @@ def test_paper_mode_budget_collapses_with_a_tiny_cluster():
 
 def test_dedup_spends_the_budget_on_distinct_samples_and_keeps_the_copies_mass():
     rng = np.random.default_rng(0)
-    pool = rng.normal(size=(2, 4)).astype(np.float32)
-    feats = np.concatenate([pool[np.arange(50) % 2], rng.normal(size=(50, 4)).astype(np.float32)])
+    feats = rng.normal(size=(100, 4)).astype(np.float32)  # copies need not share features
+    texts = [f"item {i % 2}" for i in range(50)] + [f"other {i}" for i in range(50)]
+    groups = duplicate_groups(texts)
     labels = np.repeat([0, 1], 50)
     centers = np.stack([feats[:50].mean(0), feats[50:].mean(0)])
-    plain = select_cluster(labels, feats, centers, 20, 0, within="kcenter", dedup=False)
-    dedup = select_cluster(labels, feats, centers, 20, 0, within="kcenter", alpha=0.5, dedup=True)
+    plain = select_cluster(labels, feats, centers, 20, 0, within="kcenter")
+    dedup = select_cluster(labels, feats, centers, 20, 0, within="kcenter", alpha=0.5, groups=groups)
     assert np.bincount(plain.clusters).tolist() == [10, 10]  # 8 of cluster 0's rows are copies
     assert np.bincount(dedup.clusters).tolist() == [2, 18]
-    assert len(np.unique(feats[dedup.rows], axis=0)) == 20
+    assert len(np.unique(groups[dedup.rows])) == 20
     w = dict(zip(dedup.clusters.tolist(), dedup.weights.tolist()))
     assert w[0] / w[1] == pytest.approx((50 / 2) ** 0.5 / (50 / 18) ** 0.5)  # alpha 0.5, full sizes
-    more = select_cluster(labels, feats, centers, 60, 0, within="kcenter", dedup=True)
+    more = select_cluster(labels, feats, centers, 60, 0, within="kcenter", groups=groups)
     assert len(more.rows) == 60 and np.bincount(more.clusters)[1] == 50  # distinct first, then copies
+
+
+@pytest.mark.parametrize("within", ["far", "near", "random", "kcenter"])
+def test_every_within_rule_takes_distinct_samples_before_copies(within):
+    rng = np.random.default_rng(1)
+    feats = rng.normal(size=(60, 3)).astype(np.float32)
+    groups = duplicate_groups([f"t{i % 12}" for i in range(60)])  # 12 texts, 5 copies each
+    labels = np.zeros(60, dtype=np.int64)
+    sel = select_cluster(labels, feats, feats.mean(0, keepdims=True), 12, 0, within=within,
+                         groups=groups)
+    assert sorted(groups[sel.rows].tolist()) == list(range(12))
+
+
+def test_duplicate_groups_ignore_case_and_whitespace():
+    assert duplicate_groups(["A  b", "a b", "a c", " a\tB "]).tolist() == [0, 0, 1, 0]

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "experiments/report.md + report.png; resumes finished runs.")
     sp.add_argument("--params", default="params.yaml")
     sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sp.add_argument("--report-only", action="store_true",
+                    help="train nothing: report the runs already finished under the current params")
     sp = sub.add_parser("params", help="print every param with its default and help")
     return p
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "experiment":
             from clusterft.experiment import run_experiment
 
-            run_experiment(args.params, args.overrides)
+            run_experiment(args.params, args.overrides, report_only=args.report_only)
             return 0
         workers = {"features": cfg.features.nproc, "train": cfg.train.nproc}.get(args.command, 1)
         if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun

@@ -44,6 +44,10 @@ class DataConfig:
         "Instruction: {instruction}\n{input_block}Response:",
         "prompt template; {input_block} is 'Input: <input>\\n' or empty",
     )
+    chat_template: bool = _f(False, "render prompts with the model tokenizer's own chat template "
+                             "(instruct models); off: prompt_template")
+    system_prompt: str = _f("", "chat_template: system message put before every prompt "
+                            "(empty: the template's own default)")
 
 
 @dataclass
@@ -88,14 +92,21 @@ class WarmupConfig:
     epochs: int = _f(2, "passes over the warmup subset")
     lr: float = _f(2e-3, "AdamW learning rate")
     batch_size: int = _f(16, "samples per optimizer step")
+    snapshots: int = _f(4, "features.kind loss_traj: evenly spaced warmup snapshots the losses "
+                        "are taken at (the last one is the final model)")
     seed: int = _f(0, "subset and shuffling seed")
 
 
 @dataclass
 class FeaturesConfig:
-    kind: str = _f("embedding", "embedding (mean final hidden state over all non-pad tokens; "
-                   "clustered best per second on the built-in model), lora_grad (per-sample LoRA "
-                   "gradients, LESS-style) or lastlayer (the paper's last-layer proxy)")
+    model: str = _f("proxy", "which model computes the features: proxy (a built-in tiny model "
+                    "trained from scratch on the data by the warmup stage, seconds; cheap for any "
+                    "target size), target (the model being trained, through its LoRA warmup), or "
+                    "a local folder of a HF sentence encoder (embedding only)")
+    kind: str = _f("embedding", "embedding (mean final hidden state over all non-pad tokens), "
+                   "loss_traj (S2L: the sample's response loss at each warmup snapshot), "
+                   "lora_grad (per-sample LoRA gradients, LESS-style; target only) or lastlayer "
+                   "(the paper's last-layer proxy)")
     batch_size: int = _f(64, "samples per forward (and backward) pass")
     dim: int = _f(8192, "lora_grad: dimension the gradient is projected to")
     projection: str = _f("sparse", "lora_grad: sparse (very sparse +-1, 1/sqrt(P) non-zero: "
@@ -129,8 +140,9 @@ class SelectConfig:
     tau: float = _f(0.5, "exponent of the power split: quota ~ n_k^tau (0 = equal, 1 = proportional)")
     within: str = _f("kcenter", "which samples a cluster keeps: kcenter, far (from centre), near, random")
     alpha: float = _f(0.5, "weight strength: w = (n_k/m_k)^alpha, 1 = unbiased, 0 = uniform")
-    dedup: bool = _f(False, "cap each cluster's quota at its number of distinct feature vectors "
-                     "(exact copies are pure redundancy); the rest of the budget goes elsewhere")
+    dedup: bool = _f(True, "cap each cluster's quota at its number of distinct samples (same "
+                     "prompt and answer, whitespace and case aside): copies are pure redundancy, "
+                     "the rest of the budget goes to other clusters")
     paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
 
@@ -155,6 +167,10 @@ class TrainConfig:
 class EvaluateConfig:
     batch_size: int = _f(64, "prompts per generation batch")
     max_new_tokens: int = _f(16, "greedy generation length cap")
+    split: str = _f("test", "split scored by exact match: test (report once) or validation "
+                    "(choose settings on it)")
+    also_validation: bool = _f(True, "with split test, also score validation (its figures "
+                               "choose settings; test is only reported)")
 
 
 @dataclass
@@ -162,6 +178,7 @@ class ExperimentConfig:
     methods: list[str] = _f(["full", "random", "cluster", "cluster_paper", "infobatch"], "methods compared")
     budgets: list[float] = _f([0.1, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
     seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
+    zero_shot: bool = _f(True, "also score the base model before fine-tuning (the floor)")
 
 
 @dataclass
@@ -313,6 +330,13 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
     if cfg.features.kind not in FEATURE_KINDS:
         bad("features.kind", f"must be one of {FEATURE_KINDS}, got {cfg.features.kind!r}")
+    _check_feature_model(cfg, bad)
+    if cfg.data.chat_template:
+        _check_chat_template(cfg, bad)
+    if cfg.evaluate.split not in ("test", "validation"):
+        bad("evaluate.split", f"must be 'test' or 'validation', got {cfg.evaluate.split!r}")
+    if cfg.warmup.snapshots < 1:
+        bad("warmup.snapshots", f"must be >= 1, got {cfg.warmup.snapshots}")
     if cfg.features.projection not in FEATURE_PROJECTIONS:
         bad("features.projection",
             f"must be one of {FEATURE_PROJECTIONS}, got {cfg.features.projection!r}")
@@ -333,7 +357,48 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
             bad(key, "must be >= 1")
 
 
-FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding")
+def _check_feature_model(cfg: PipelineConfig, bad: Any) -> None:
+    """features.model is proxy, target or a loadable encoder folder, and fits features.kind."""
+    fm, kind = cfg.features.model, cfg.features.kind
+    if fm in FEATURE_MODELS:
+        if kind == "lora_grad" and fm != "target":
+            bad("features.kind", "lora_grad needs features.model: target (the LoRA being trained)")
+        return
+    folder = Path(fm)
+    if not folder.is_dir():
+        bad("features.model", f"must be proxy, target or a local encoder folder; {fm!r} is not a folder")
+    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
+        bad("features.model", f"{fm}: not a HF model folder (needs config.json and *.safetensors)")
+    if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        bad("features.model", f"{fm}: no tokenizer files")
+    if kind != "embedding":
+        bad("features.kind", f"an encoder folder as features.model gives embedding only, got {kind!r}")
+
+
+def _check_chat_template(cfg: PipelineConfig, bad: Any) -> None:
+    """data.chat_template needs a tokenizer that ships one (the built-in tokenizer has none)."""
+    if not cfg.model.path:
+        bad("data.chat_template", "the built-in tiny model's tokenizer has no chat template; "
+            "set model.path to an instruct model or turn chat_template off")
+    folder = Path(cfg.model.path)
+    if cfg.model.gguf_file or not folder.is_dir():
+        return  # GGUF templates are read at load; a missing folder is model.path's error
+    import json
+
+    has = (folder / "chat_template.jinja").exists() or (folder / "chat_template.json").exists()
+    tc = folder / "tokenizer_config.json"
+    if not has and tc.exists():
+        try:
+            has = bool(json.loads(tc.read_text(encoding="utf-8")).get("chat_template"))
+        except (OSError, ValueError):
+            has = False
+    if not has:
+        bad("data.chat_template", f"{folder}: the tokenizer has no chat template "
+            "(no chat_template.jinja, none in tokenizer_config.json)")
+
+
+FEATURE_MODELS = ("proxy", "target")
+FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding", "loss_traj")
 FEATURE_PROJECTIONS = ("sparse", "rademacher", "gaussian", "none")
 SELECT_METHODS = ("full", "random", "cluster", "cluster_paper", "infobatch")
 

@@ -2,7 +2,10 @@
 
 Two record forms are accepted: Alpaca (`instruction`, optional `input`, `output`) and chat
 (`messages`: list of `{role, content}`, the last one from the assistant). Every record gets
-a stable id: its own `id` field, else a hash of its content.
+a stable id: its own `id` field, else a hash of its content. Prompts are rendered by a
+`Renderer`: the plain `prompt_template`, or the tokenizer's own chat template
+(`data.chat_template`). A record with `"exact_match": false` counts for the held-out loss
+only (open-ended answers), not for exact match.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -31,6 +34,7 @@ class Example:
     prompt: str
     response: str
     skill: str | None = None
+    scored: bool = True  # counted by exact match (False: held-out loss only)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -65,7 +69,44 @@ def render_prompt(template: str, instruction: str, input_text: str) -> str:
     return template.format(instruction=instruction, input_block=input_block)
 
 
-def _from_record(rec: Any, where: str, template: str) -> tuple[str | None, Example]:
+Turns = list[tuple[str, str]]  # (role, content) of the prompt, assistant answer excluded
+
+
+@dataclass
+class Renderer:
+    """Turns a record's prompt into text: the plain template, or a tokenizer's chat template."""
+
+    template: str
+    chat: Callable[[Turns], str] | None = None  # set: every record goes through the chat template
+    system_prompt: str = ""
+
+    def alpaca(self, instruction: str, input_text: str) -> str:
+        if self.chat is None:
+            return render_prompt(self.template, instruction, input_text)
+        user = f"{instruction}\n\n{input_text}" if input_text.strip() else instruction
+        return self.turns([("user", user)])
+
+    def turns(self, turns: Turns) -> str:
+        if self.chat is None:
+            return "".join(f"{r.capitalize()}: {c}\n" for r, c in turns) + "Assistant:"
+        if self.system_prompt and turns[0][0] != "system":
+            turns = [("system", self.system_prompt), *turns]
+        return self.chat(turns)
+
+
+def chat_renderer(tokenizer: Any, template: str, system_prompt: str = "") -> Renderer:
+    """A Renderer through `tokenizer.apply_chat_template` (generation prompt appended)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("data.chat_template: the tokenizer has no chat template")
+
+    def chat(turns: Turns) -> str:
+        msgs = [{"role": r, "content": c} for r, c in turns]
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+    return Renderer(template, chat, system_prompt)
+
+
+def _from_record(rec: Any, where: str, render: Renderer) -> tuple[str | None, Example]:
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     rid = rec.get("id")
@@ -74,6 +115,9 @@ def _from_record(rec: Any, where: str, template: str) -> tuple[str | None, Examp
     skill = rec.get("skill")
     if skill is not None and not isinstance(skill, str):
         raise DataError(f"{where}: field 'skill' must be a string, got {type(skill).__name__}")
+    scored = rec.get("exact_match", True)
+    if not isinstance(scored, bool):
+        raise DataError(f"{where}: field 'exact_match' must be true or false, got {scored!r}")
     if "messages" in rec:
         msgs = rec["messages"]
         if not isinstance(msgs, list) or not msgs:
@@ -90,8 +134,7 @@ def _from_record(rec: Any, where: str, template: str) -> tuple[str | None, Examp
             lines.append((role, content))
         if lines[-1][0] != "assistant":
             raise DataError(f"{where}: the last message must come from the assistant")
-        prompt = "".join(f"{r.capitalize()}: {c}\n" for r, c in lines[:-1]) + "Assistant:"
-        example = Example(id="", prompt=prompt, response=lines[-1][1], skill=skill)
+        example = Example(id="", prompt=render.turns(lines[:-1]), response=lines[-1][1], skill=skill)
     else:
         if "instruction" not in rec and "output" not in rec:
             raise DataError(
@@ -101,17 +144,23 @@ def _from_record(rec: Any, where: str, template: str) -> tuple[str | None, Examp
         instruction = _require_str(rec, "instruction", where)
         input_text = _require_str(rec, "input", where, allow_empty=True) if "input" in rec else ""
         output = _require_str(rec, "output", where)
-        prompt = render_prompt(template, instruction, input_text)
-        example = Example(id="", prompt=prompt, response=output, skill=skill)
+        example = Example(id="", prompt=render.alpaca(instruction, input_text), response=output,
+                          skill=skill)
+    example.scored = scored
     return (str(rid) if rid is not None else None), example
 
 
-def load_jsonl(path: str | Path, template: str) -> list[Example]:
-    """Load and validate a JSONL file; raise DataError naming file, line and field."""
+def load_jsonl(path: str | Path, render: str | Renderer) -> list[Example]:
+    """Load and validate a JSONL file; raise DataError naming file, line and field.
+
+    `render` is a Renderer or a plain prompt template. A UTF-8 byte-order mark is skipped."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: data file not found")
+    render = Renderer(render) if isinstance(render, str) else render
     raw = p.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):  # BOM from spreadsheet / Windows exports
+        raw = raw[3:]
     examples: list[Example] = []
     first_line: dict[str, int] = {}  # id -> line it first appeared on
     hashed: dict[str, int] = {}  # content hash -> copies seen (identical records)
@@ -127,7 +176,7 @@ def load_jsonl(path: str | Path, template: str) -> list[Example]:
             rec = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
-        rid, ex = _from_record(rec, where, template)
+        rid, ex = _from_record(rec, where, render)
         if rid is None:
             digest = hashlib.sha1(
                 json.dumps([ex.prompt, ex.response], ensure_ascii=False).encode()
@@ -153,7 +202,8 @@ def encode(example: Example, tokenizer: Any, max_length: int) -> Encoded:
     from the left, so the tokens nearest the answer survive.
     """
     prompt_ids = tokenizer(example.prompt, add_special_tokens=True)["input_ids"]
-    resp_ids = tokenizer(" " + example.response, add_special_tokens=False)["input_ids"]
+    sep = "" if example.prompt[-1:].isspace() else " "  # chat templates end in a newline
+    resp_ids = tokenizer(sep + example.response, add_special_tokens=False)["input_ids"]
     resp_ids = list(resp_ids) + [tokenizer.eos_token_id]
     truncated = len(prompt_ids) + len(resp_ids) > max_length
     if truncated:
@@ -216,6 +266,16 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def load_examples(cfg: Any, split: str) -> list[Example]:
+def renderer(cfg: Any) -> Renderer:
+    """The prompt renderer `cfg.data` asks for (the chat template needs the model's tokenizer)."""
+    if not cfg.data.chat_template:
+        return Renderer(cfg.data.prompt_template)
+    from clusterft.model import base_model_dir, load_tokenizer
+
+    return chat_renderer(load_tokenizer(base_model_dir(cfg), cfg.model), cfg.data.prompt_template,
+                         cfg.data.system_prompt)
+
+
+def load_examples(cfg: Any, split: str, render: Renderer | None = None) -> list[Example]:
     """Examples of one split ('train', 'validation', 'test') as named in `cfg.data`."""
-    return load_jsonl(getattr(cfg.data, split), cfg.data.prompt_template)
+    return load_jsonl(getattr(cfg.data, split), render or renderer(cfg))

@@ -40,10 +40,15 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size:
 
 
 def exact_match(examples: list[Example], answers: list[str]) -> dict[str, Any]:
-    """Per-skill exact match, its macro mean and worst skill (skill 'all' when unlabelled)."""
+    """Per-skill exact match, its macro mean and worst skill (skill 'all' when unlabelled).
+    `examples` are the scored ones (see Example.scored), aligned with `answers`."""
     hits: dict[str, list[bool]] = defaultdict(list)
     for ex, ans in zip(examples, answers):
         hits[ex.skill or "all"].append(normalise_answer(ans) == normalise_answer(ex.response))
+    if not hits:
+        from clusterft.data import DataError
+
+        raise DataError("no record to score by exact match (every one has \"exact_match\": false)")
     per_skill = {k: float(np.mean(v)) for k, v in sorted(hits.items())}
     worst = min(per_skill, key=per_skill.get)
     return {
@@ -69,7 +74,9 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
     by: dict[str, list[float]] = defaultdict(list)
     for ex, l in zip(examples, losses):
         by[ex.skill or "all"].append(l)
+    open_ended = [l for ex, l in zip(examples, losses) if not ex.scored]
     return {"heldout_loss": float(np.mean(losses)),
+            "heldout_loss_open_ended": float(np.mean(open_ended)) if open_ended else float("nan"),
             "heldout_loss_by_skill": {k: float(np.mean(v)) for k, v in sorted(by.items())}}
 
 
@@ -86,23 +93,55 @@ def check_skills(test: list[Example], train: list[Example], test_path: str, trai
             )
 
 
+def evaluate_model(cfg: Any, model_dir: Any) -> dict:
+    """Exact match on `evaluate.split` and held-out loss on validation, of one saved model."""
+    from clusterft.data import load_examples, renderer
+    from clusterft.model import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir, cfg.model)
+    model = load_model(model_dir, cfg.model)
+    render = renderer(cfg)
+    e, split = cfg.evaluate, cfg.evaluate.split
+    train = load_examples(cfg, "train", render)
+    validation = load_examples(cfg, "validation", render)
+
+    def score(examples: list[Example], path: str) -> tuple[dict, list[Example], list[str]]:
+        scored = [x for x in examples if x.scored]
+        check_skills(scored, train, path, cfg.data.train)
+        answers = generate_answers(model, tokenizer, [x.prompt for x in scored], e.batch_size,
+                                   e.max_new_tokens)
+        return exact_match(scored, answers), scored, answers
+
+    em, scored, answers = score(validation if split == "validation" else load_examples(cfg, split, render),
+                                getattr(cfg.data, split))
+    metrics = {"split": split, "n_scored": len(scored), **em}
+    if split == "test" and e.also_validation and any(x.scored for x in validation):
+        metrics["validation"] = score(validation, cfg.data.validation)[0]
+    metrics.update(heldout_loss(model, tokenizer, validation, cfg.data.max_length, e.batch_size))
+    metrics["samples"] = [{"prompt": x.prompt, "answer": a, "expected": x.response}
+                          for x, a in list(zip(scored, answers))[:5]]
+    return metrics
+
+
 def run_evaluate(cfg: Any, method: str, run: str | None = None) -> dict:
     """Stage `evaluate`: methods/<method>/eval.json from methods/<method>/model/."""
     from clusterft.artifacts import write_json
-    from clusterft.data import load_examples
-    from clusterft.model import load_model, load_tokenizer
 
     start = time.perf_counter()
     mdir = cfg.method_dir(method, run)
-    tokenizer = load_tokenizer(mdir / "model", cfg.model)
-    model = load_model(mdir / "model", cfg.model)
-    test = load_examples(cfg, "test")
-    check_skills(test, load_examples(cfg, "train"), cfg.data.test, cfg.data.train)
-    e = cfg.evaluate
-    answers = generate_answers(model, tokenizer, [x.prompt for x in test], e.batch_size, e.max_new_tokens)
-    metrics = {"method": method, "n_test": len(test), **exact_match(test, answers)}
-    metrics.update(heldout_loss(model, tokenizer, load_examples(cfg, "validation"),
-                                cfg.data.max_length, e.batch_size))
+    metrics = {"method": method, **evaluate_model(cfg, mdir / "model")}
     metrics["wall_clock_s"] = time.perf_counter() - start
     write_json(mdir / "eval.json", metrics)
+    return metrics
+
+
+def run_zero_shot(cfg: Any) -> dict:
+    """The untrained base model's scores (the floor fine-tuning lifts): baseline/eval.json."""
+    from clusterft.artifacts import write_json
+    from clusterft.model import base_model_dir
+
+    start = time.perf_counter()
+    metrics = {"method": "zero_shot", **evaluate_model(cfg, base_model_dir(cfg))}
+    metrics["wall_clock_s"] = time.perf_counter() - start
+    write_json(cfg.artifact("baseline", "eval.json"), metrics)
     return metrics

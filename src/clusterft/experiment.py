@@ -62,24 +62,67 @@ def shared_times(cfg: Any) -> dict[str, float]:
     return out
 
 
+SHARED_SECTIONS = ("data", "model", "lora", "warmup", "features", "cluster")
+RUN_SECTIONS = (*SHARED_SECTIONS, "select", "train", "evaluate")
+
+
+def params_digest(cfg: Any, sections: tuple[str, ...]) -> str:
+    """Hash of the effective params of `sections` and of the data files they name: equal
+    digests mean a stored result was made from the same inputs."""
+    import hashlib
+
+    from clusterft.config import to_dict
+
+    h = hashlib.sha1(json.dumps({s: to_dict(getattr(cfg, s)) for s in sections}, sort_keys=True).encode())
+    for split in ("train", "validation", "test"):
+        p = Path(getattr(cfg.data, split))
+        h.update(p.read_bytes() if p.exists() else b"-")
+    return h.hexdigest()
+
+
+def _fresh(stamp: Path, digest: str, done: Path) -> bool:
+    """True when `done` exists and `stamp` says it was made under `digest`."""
+    return done.exists() and stamp.exists() and stamp.read_text().strip() == digest
+
+
 def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
     """Select, allocate, train (torchrun) and evaluate one run; return its result row.
-    A run whose eval.json exists is not redone (the grid resumes after a crash)."""
+    A finished run is reused only when its params and data digest match (the grid resumes
+    after a crash; a changed param reruns the runs it affects)."""
     from clusterft.allocation import run_allocate
     from clusterft.config import load_config
     from clusterft.distributed import launch
     from clusterft.evaluate import run_evaluate
     from clusterft.selection import run_select
 
+    from clusterft.artifacts import atomic_write_text
+
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
-    if not (rdir / "eval.json").exists():
+    digest = params_digest(cfg, RUN_SECTIONS)
+    if not _fresh(rdir / "digest.txt", digest, rdir / "eval.json"):
+        if rdir.exists():
+            import shutil
+
+            shutil.rmtree(rdir)  # stale: made under other params (its checkpoints too)
         run_select(cfg, spec.method, spec.name)
         run_allocate(cfg, spec.method, spec.name)
         sets = [a for o in [*overrides, *spec.overrides()] for a in ("--set", o)]
         launch(cfg.train.nproc, ["train", "--params", params, "--method", spec.method, "--run-name", spec.name, *sets],
                max_restarts=cfg.train.max_restarts)
         run_evaluate(cfg, spec.method, spec.name)
+        atomic_write_text(rdir / "digest.txt", digest)
+    return result_row(cfg, spec, rdir)
+
+
+def finished_row(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any] | None:
+    """The result row of a run finished under the current params, else None."""
+    from clusterft.config import load_config
+
+    cfg = load_config(params, [*overrides, *spec.overrides()])
+    rdir = cfg.method_dir(spec.method, spec.name)
+    if not _fresh(rdir / "digest.txt", params_digest(cfg, RUN_SECTIONS), rdir / "eval.json"):
+        return None
     return result_row(cfg, spec, rdir)
 
 
@@ -100,6 +143,9 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
         "end_to_end_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"] + tr["wall_clock_s"],
         "macro_em": ev["macro_exact_match"], "worst_skill_em": ev["worst_skill_exact_match"],
         "worst_skill": ev["worst_skill"], "heldout_loss": ev["heldout_loss"],
+        "heldout_loss_open_ended": ev.get("heldout_loss_open_ended", float("nan")),
+        "val_macro_em": ev.get("validation", {}).get("macro_exact_match", float("nan")),
+        "val_worst_skill_em": ev.get("validation", {}).get("worst_skill_exact_match", float("nan")),
     }
 
 
@@ -113,8 +159,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, budget), rs in groups.items():
         agg: dict[str, Any] = {"method": method, "budget": budget, "seeds": len(rs)}
         for k in ("kept_fraction", "trained_fraction", "selection_s", "train_s", "end_to_end_s",
-                  "macro_em", "worst_skill_em", "heldout_loss"):
-            v = np.array([r[k] for r in rs], dtype=float)
+                  "macro_em", "worst_skill_em", "heldout_loss", "heldout_loss_open_ended",
+                  "val_macro_em", "val_worst_skill_em"):
+            v = np.array([r.get(k, np.nan) for r in rs], dtype=float)
             agg[k], agg[f"{k}_std"] = float(v.mean()), float(v.std())
         agg["time_vs_full_train"] = agg["end_to_end_s"] / full_train
         out.append(agg)
@@ -124,8 +171,9 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(aggs: list[dict[str, Any]]) -> str:
     lines = [
         "| method | budget | seeds | kept | trained (sample-epochs) | selection s | train s | end-to-end s "
-        "| end-to-end / full train | macro EM | worst-skill EM | held-out loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| end-to-end / full train | macro EM | worst-skill EM | held-out loss | open-ended loss "
+        "| validation macro / worst |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in aggs:
         b = "-" if a["budget"] is None else f"{a['budget']:g}"
@@ -134,7 +182,8 @@ def markdown(aggs: list[dict[str, Any]]) -> str:
             f"| {a['selection_s']:.1f} | {a['train_s']:.1f} ± {a['train_s_std']:.1f} "
             f"| {a['end_to_end_s']:.1f} | {a['time_vs_full_train']:.2f} "
             f"| {a['macro_em']:.3f} ± {a['macro_em_std']:.3f} | {a['worst_skill_em']:.3f} ± {a['worst_skill_em_std']:.3f} "
-            f"| {a['heldout_loss']:.4f} |"
+            f"| {a['heldout_loss']:.4f} | {a['heldout_loss_open_ended']:.4f} "
+            f"| {a['val_macro_em']:.3f} / {a['val_worst_skill_em']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -218,9 +267,16 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
     aggs = aggregate(rows)
     table = markdown(aggs)
     plot(aggs, out / "report.png")
-    atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n" + table
+    zs = zero_shot(cfg)
+    floor = ("" if zs is None else
+             f"Zero-shot base model (no fine-tuning, {zs['split']} split): macro EM "
+             f"{zs['macro_exact_match']:.3f}, worst skill {zs['worst_skill_exact_match']:.3f}, "
+             f"held-out loss {zs['heldout_loss']:.4f}.\n\n")
+    atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n"
+                      f"Exact match on the {cfg.evaluate.split} split.\n\n" + floor + table
                       + "\n" + equal_time_markdown(aggs) + "\n![time vs accuracy](report.png)\n")
-    write_json(out / "results.json", {"runs": rows, "aggregate": aggs})
+    write_json(out / "results.json", {"runs": rows, "aggregate": aggs, "zero_shot": zs,
+                                      "split": cfg.evaluate.split})
     summary: dict[str, Any] = {"aggregate": aggs}
     if track:
         summary["mlflow_run_id"] = _track(cfg, rows, aggs, [out / "report.md", out / "report.png"])
@@ -250,10 +306,15 @@ def _track(cfg: Any, rows: list[dict], aggs: list[dict], artifacts: list[Path]) 
 
 
 def prepare_shared(cfg: Any) -> None:
-    """Run the once-per-dataset stages the grid's methods need, unless already done."""
+    """Run the once-per-dataset stages the grid's methods need, unless already done under
+    the same params and data (else all of them again)."""
+    from clusterft.artifacts import atomic_write_text
     from clusterft.stages import stage_functions
 
     fns = stage_functions()
+    digest = params_digest(cfg, SHARED_SECTIONS)
+    stamp = cfg.artifact("shared_digest.txt")  # written once every shared stage is done
+    stale = not _fresh(stamp, digest, stamp)
     needed = {"prepare-model"} | {s for m in cfg.experiment.methods for s in METHOD_NEEDS.get(m, ())}
     if cfg.data.source == "builtin":
         needed.add("make-benchmark")
@@ -261,21 +322,38 @@ def prepare_shared(cfg: Any) -> None:
                "warmup": cfg.artifact("warmup", "metrics.json"), "features": cfg.artifact("features", "metrics.json"),
                "cluster": cfg.artifact("cluster", "metrics.json")}
     for stage in ("make-benchmark", "prepare-model", "warmup", "features", "cluster"):
-        if stage in needed and not outputs[stage].exists():
+        if stage in needed and (stale or not outputs[stage].exists()):
             fns[stage](cfg)
+    if cfg.experiment.zero_shot and (stale or not cfg.artifact("baseline", "eval.json").exists()):
+        from clusterft.evaluate import run_zero_shot
+
+        run_zero_shot(cfg)  # the floor: the base model before any fine-tuning
+    atomic_write_text(stamp, digest)
 
 
-def run_experiment(params: str, overrides: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
-    """Stage `experiment`: shared stages once (if missing), every grid run, the report."""
+def zero_shot(cfg: Any) -> dict[str, Any] | None:
+    """The base model's scores (baseline/eval.json), when measured."""
+    p = cfg.artifact("baseline", "eval.json")
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def run_experiment(params: str, overrides: list[str] | None = None, progress: bool = True,
+                   report_only: bool = False) -> dict[str, Any]:
+    """Stage `experiment`: shared stages once (if missing), every grid run, the report.
+    `report_only`: no training; the report covers the grid's runs already finished under the
+    current params (e.g. a grid stopped part-way)."""
     from tqdm import tqdm
 
     from clusterft.config import load_config
 
     overrides = list(overrides or [])
     cfg = load_config(params, overrides)
-    prepare_shared(cfg)
     e = cfg.experiment
     specs = grid(e.methods, e.budgets, e.seeds)
+    if report_only:
+        rows = [r for r in (finished_row(params, overrides, s) for s in specs) if r is not None]
+        return write_report(cfg, rows)
+    prepare_shared(cfg)
     rows = []
     start = time.perf_counter()
     bar = tqdm(specs, desc="experiment", unit="run", disable=not progress)

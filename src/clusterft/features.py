@@ -1,6 +1,9 @@
 """Per-sample features, one function per kind, computed in resumable shards over workers.
 
-Kinds (`features.kind`), all computed through base model + warmup adapter:
+The model (`features.model`): `target` (base model + warmup LoRA adapter, prompts rendered
+as they are trained), `proxy` (the tiny model the warmup trained from scratch; plain
+prompt template, its own tokenizer) or a sentence-encoder folder (mean-pooled embedding).
+Kinds (`features.kind`):
 - lora_grad (default): gradient of the sample's mean response-token loss w.r.t. the LoRA
   weights, exact and batched (clusterft.lora_grads); optionally Adam-preconditioned with
   the warmup moments (LESS); then projected to `features.dim` by a seeded random matrix
@@ -8,9 +11,12 @@ Kinds (`features.kind`), all computed through base model + warmup adapter:
 - lastlayer: the paper's proxy: for each response token, (p_y - 1) * h_last (final hidden
   state scaled by the loss gradient w.r.t. the true token's logit), averaged over the
   response tokens; one forward pass, no backward. [N, hidden_size].
-- embedding (ablation): the final hidden state mean-pooled over all non-pad tokens, prompt
+- embedding: the final hidden state mean-pooled over all non-pad tokens, prompt
   included (the usual sentence-embedding pooling: what the sample says, not how the model
   would learn from it). [N, hidden_size].
+- loss_traj (S2L): the sample's mean response-token loss at each warmup snapshot, lifted
+  onto a sphere (one extra column) so that the row normalisation clustering applies keeps
+  the loss level, not only the curve's shape. [N, snapshots + 1].
 
 Stored rows are NOT L2-normalised: clustering and selection normalise rows themselves, and
 the raw norm (e.g. how large a sample's gradient is) stays available.
@@ -35,7 +41,7 @@ from clusterft.data import IGNORE_INDEX, Encoded, collate
 log = logging.getLogger(__name__)
 MOMENTS_FILE = "adam_moments.safetensors"
 FEATURES_TIMEOUT_S = 24 * 3600  # ranks with fewer shards wait this long at the barrier
-SPEC_KEYS = ("kind", "dim", "projection", "seed", "precondition", "shard_size")  # change results
+SPEC_KEYS = ("model", "kind", "dim", "projection", "seed", "precondition", "shard_size")  # change results
 
 Batch = dict[str, torch.Tensor]
 
@@ -72,6 +78,32 @@ def embedding_batch(model: Any, batch: Batch) -> torch.Tensor:
     return (res.hidden_states[-1].float() * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
+@torch.no_grad()
+def loss_traj_batch(models: list[Any], batch: Batch) -> torch.Tensor:
+    """[B, S] mean response-token loss of each sample under each of S snapshot models."""
+    from clusterft.data import per_sample_loss
+
+    cols = [per_sample_loss(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                            batch["labels"]) for m in models]
+    return torch.stack(cols, 1)
+
+
+def lift_to_sphere(x: np.ndarray) -> np.ndarray:
+    """[N, D] -> [N, D + 1] rows of equal norm (the largest row's): L2 normalisation then
+    divides every row by the same number, so the original geometry (levels included) stays."""
+    sq = (x.astype(np.float64) ** 2).sum(1)
+    extra = np.sqrt(np.maximum(sq.max() - sq, 0.0)) if len(x) else sq
+    return np.concatenate([x, extra[:, None].astype(x.dtype)], axis=1)
+
+
+@torch.no_grad()
+def encoder_batch(model: Any, batch: Batch) -> torch.Tensor:
+    """[B, H] a sentence encoder's last hidden state mean-pooled over non-pad tokens."""
+    res = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return (res.last_hidden_state.float() * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
 def _hidden_size(model: Any) -> int:
     return int(model.get_input_embeddings().embedding_dim)
 
@@ -81,7 +113,14 @@ def _lastlayer(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -
 
 
 def _embedding(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -> Extractor:
+    if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+        return Extractor(partial(encoder_batch, model), _hidden_size(model))  # an encoder
     return Extractor(partial(embedding_batch, model), _hidden_size(model))
+
+
+def _loss_traj(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -> Extractor:
+    """`model` here is the list of snapshot models, oldest first."""
+    return Extractor(partial(loss_traj_batch, model), len(model), {"snapshots": len(model)})
 
 
 @dataclass
@@ -121,7 +160,7 @@ def _lora_grad(model: Any, fcfg: Any, adapter_dir: Path, device: torch.device) -
 
 
 FEATURE_BUILDERS: dict[str, Callable[[Any, Any, Path, torch.device], Extractor]] = {
-    "lora_grad": _lora_grad, "lastlayer": _lastlayer, "embedding": _embedding,
+    "lora_grad": _lora_grad, "lastlayer": _lastlayer, "embedding": _embedding, "loss_traj": _loss_traj,
 }
 
 
@@ -130,7 +169,8 @@ def build_extractor(model: Any, fcfg: Any, adapter_dir: str | Path,
     """The extractor of kind `fcfg.kind` (see FEATURE_BUILDERS) on `model` (put in eval mode)."""
     if fcfg.kind not in FEATURE_BUILDERS:
         raise ValueError(f"unknown features.kind {fcfg.kind!r}; known: {sorted(FEATURE_BUILDERS)}")
-    model.eval()  # no dropout: deterministic features
+    for m in model if isinstance(model, list) else [model]:
+        m.eval()  # no dropout: deterministic features
     return FEATURE_BUILDERS[fcfg.kind](model, fcfg, Path(adapter_dir), torch.device(device))
 
 
@@ -175,11 +215,17 @@ def _digest_folder(folder: Path, content: bool) -> str:
     return h.hexdigest()
 
 
-def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], base: Path, adapter: Path) -> dict:
-    """What shards depend on; shards made under another spec are discarded."""
+def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], depends_on: list[Path]) -> dict:
+    """What shards depend on; shards made under another spec are discarded. Small folders
+    (adapters, proxies, snapshots) are hashed by content, big ones by name/size/mtime."""
+    def digest(p: Path) -> str:
+        if not p.is_dir():
+            return str(p)
+        small = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) < 64 << 20
+        return _digest_folder(p, content=small)
+
     return {"features": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "dim": dim, "n": len(encoded),
-            "data": _digest_encoded(encoded), "adapter": _digest_folder(adapter, content=True),
-            "model": _digest_folder(base, content=False) if base.is_dir() else str(base)}
+            "data": _digest_encoded(encoded), "depends_on": {str(p): digest(p) for p in depends_on}}
 
 
 def compute_shards(ext: Extractor, encoded: list[Encoded], todo: list[int],
@@ -210,6 +256,69 @@ def _sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
+@dataclass
+class FeatureModel:
+    """What the features are computed through (see `features.model`)."""
+
+    model: Any  # a model, or the snapshot models (loss_traj), oldest first
+    tokenizer: Any
+    render: Any  # clusterft.data.Renderer for the train split
+    depends_on: list[Path]  # folders whose content the features depend on (shard spec)
+    max_length: int
+
+
+def _snapshots(cfg: Any) -> list[Path]:
+    from clusterft.warmup import state_dir
+
+    snaps = sorted((state_dir(cfg) / "snapshots").glob("step-*"))
+    if not snaps:
+        from clusterft.model import ModelError
+
+        raise ModelError(f"{state_dir(cfg) / 'snapshots'}: no warmup snapshots; rerun warmup "
+                         "with features.kind: loss_traj")
+    return snaps
+
+
+def load_feature_model(cfg: Any, device: torch.device) -> FeatureModel:
+    """The model `features.model` names, loaded for `features.kind`, with its tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from clusterft.data import Renderer, renderer
+    from clusterft.model import base_model_dir, load_model, load_tokenizer, load_with_adapter
+    from clusterft.warmup import state_dir
+
+    fm, kind, plain = cfg.features.model, cfg.features.kind, Renderer(cfg.data.prompt_template)
+    if fm == "target":
+        base, adapter = base_model_dir(cfg), state_dir(cfg) / "adapter"
+        snaps = _snapshots(cfg) if kind == "loss_traj" else [adapter]
+        models = [load_with_adapter(base, s, cfg.model).to(device) for s in snaps]
+        return FeatureModel(models if kind == "loss_traj" else models[0], load_tokenizer(base, cfg.model),
+                            renderer(cfg), [*snaps, base], cfg.data.max_length)
+    if fm == "proxy":
+        proxy = state_dir(cfg) / "proxy"
+        snaps = _snapshots(cfg) if kind == "loss_traj" else [proxy]
+        models = [load_model(s).to(device) for s in snaps]
+        return FeatureModel(models if kind == "loss_traj" else models[0], load_tokenizer(proxy), plain,
+                            [*snaps, proxy], cfg.data.max_length)
+    tok = AutoTokenizer.from_pretrained(fm, trust_remote_code=False)
+    model = AutoModel.from_pretrained(fm, dtype=torch.float32, use_safetensors=True,
+                                      trust_remote_code=False).to(device)
+    limit = int(getattr(model.config, "max_position_embeddings", 512) or 512)
+    return FeatureModel(model, tok, plain, [Path(fm)], min(limit, 2 * cfg.data.max_length))
+
+
+def encode_for(fmodel: FeatureModel, examples: list[Any]) -> list[Encoded]:
+    """Tokens for the feature model: label-masked (causal LMs), or the whole text (encoders)."""
+    from clusterft.data import encode_all
+
+    tok = fmodel.tokenizer
+    if tok.eos_token_id is not None:
+        return encode_all(examples, tok, fmodel.max_length)
+    return [Encoded(e.id, ids, list(ids)) for e in examples
+            for ids in [tok(f"{e.prompt} {e.response}", truncation=True,
+                            max_length=fmodel.max_length)["input_ids"]]]
+
+
 def run_features(cfg: Any) -> dict:
     """Stage `features`: features/features.npy [N, D] float32, manifest.json, metrics.json.
 
@@ -232,27 +341,27 @@ def run_features(cfg: Any) -> dict:
 def _run_features(cfg: Any, info: Any, start: float) -> dict:
     """Shard plan -> this rank's missing shards -> rank 0 merges (see run_features)."""
     from clusterft.artifacts import read_json
-    from clusterft.data import encode_all, load_examples
+    from clusterft.data import load_examples
     from clusterft.distributed import barrier
-    from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
     from clusterft.shards import missing_shards, prepare_shard_dir, shard_ranges
+    from clusterft.warmup import state_dir
 
     fcfg = cfg.features
-    base, adapter = base_model_dir(cfg), cfg.artifact("warmup", "adapter")
-    tokenizer = load_tokenizer(base, cfg.model)
-    examples = load_examples(cfg, "train")
-    encoded = encode_all(examples, tokenizer, cfg.data.max_length)
-    model = load_with_adapter(base, adapter, cfg.model).to(info.device)
-    ext = build_extractor(model, fcfg, adapter, info.device)
+    fmodel = load_feature_model(cfg, info.device)
+    examples = load_examples(cfg, "train", fmodel.render)
+    encoded = encode_for(fmodel, examples)
+    tokenizer = fmodel.tokenizer
+    ext = build_extractor(fmodel.model, fcfg, state_dir(cfg) / "adapter", info.device)
     out = cfg.artifact("features")
     folder, ranges = out / "shards", shard_ranges(len(encoded), fcfg.shard_size)
     if info.is_main:
-        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, Path(base), adapter))
+        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, fmodel.depends_on))
     barrier()
     todo = missing_shards(folder, ranges, ext.dim)
     barrier()  # every rank listed the same missing shards before any is written
     mine = todo[info.rank :: info.world_size]
-    n_done = compute_shards(ext, encoded, mine, ranges, folder, tokenizer.pad_token_id,
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    n_done = compute_shards(ext, encoded, mine, ranges, folder, pad_id,
                             fcfg.batch_size, info.device, info.rank)
     samples, shards = _sum_over_ranks([n_done, len(mine)], info.device)
     if info.is_main:
@@ -276,10 +385,16 @@ def _finish(cfg: Any, dim: int, ranges: list[tuple[int, int]], ids: list[str], s
 
     fcfg, out = cfg.features, cfg.artifact("features")
     merge_shards(out / "shards", ranges, dim, out / "features.npy")
+    if fcfg.kind == "loss_traj":  # the sphere lift needs every row's norm: done after the merge
+        from clusterft.artifacts import load_npy, save_npy
+
+        lifted = lift_to_sphere(load_npy(out / "features.npy"))
+        save_npy(out / "features.npy", lifted)
+        dim = lifted.shape[1]
     seconds = time.perf_counter() - start
     manifest = {
-        "kind": fcfg.kind, "n": len(ids), "dim": dim, "model": str(base_model_dir(cfg)),
-        "adapter": str(cfg.artifact("warmup", "adapter")), "ids": ids,
+        "kind": fcfg.kind, "n": len(ids), "dim": dim, "features_model": fcfg.model,
+        "target_model": str(base_model_dir(cfg)), "ids": ids,
         "params": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "normalised": False,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_clock_s": seconds, "samples_per_s": stats["samples_computed"] / seconds, **stats,

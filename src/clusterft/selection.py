@@ -114,21 +114,38 @@ def select_random(n: int, budget: float, seed: int) -> Selection:
     return Selection(rows, np.full(m, -1, np.int64), np.ones(m))
 
 
-def distinct_counts(x: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Number of distinct rows of x (exact equality) in each of the k clusters."""
-    return np.array([len(np.unique(x[labels == c], axis=0)) if np.any(labels == c) else 0
-                     for c in range(k)], dtype=np.int64)
+def duplicate_groups(texts: list[str]) -> np.ndarray:
+    """[N] group id per text: equal ids for texts equal up to case and whitespace."""
+    seen: dict[str, int] = {}
+    return np.array([seen.setdefault(" ".join(t.lower().split()), len(seen)) for t in texts],
+                    dtype=np.int64)
 
 
-def _quotas(x: np.ndarray, labels: np.ndarray, sizes: np.ndarray, m: int, tau: float,
-            dedup: bool) -> np.ndarray:
-    """Per-cluster quotas summing to m; with dedup, distinct samples are spent first."""
-    if not dedup:
-        return split_budget(sizes, m, tau)
-    distinct = distinct_counts(x, labels, len(sizes))
-    if m <= distinct.sum():
-        return split_budget(distinct, m, tau)
-    return distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau)
+def _distinct_first(members: np.ndarray, groups: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Split a cluster's rows into one representative per duplicate group and the copies."""
+    if groups is None:
+        return members, members[:0]
+    _, first = np.unique(groups[members], return_index=True)
+    is_first = np.zeros(len(members), dtype=bool)
+    is_first[first] = True
+    return members[is_first], members[~is_first]
+
+
+def _pick(members: np.ndarray, q: int, x: np.ndarray, center: np.ndarray, within: str,
+          rng: np.random.Generator) -> np.ndarray:
+    """q rows of `members` by the within-cluster rule."""
+    if q == 0:
+        return members[:0]
+    if within == "random":
+        return rng.choice(members, size=q, replace=False)
+    if within in ("far", "near"):
+        dist = np.linalg.norm(x[members] - center, axis=1)
+        return members[np.lexsort((members, -dist if within == "far" else dist))[:q]]
+    if within == "kcenter":  # start from the point farthest from the centre
+        xm = x[members]
+        start = int(np.argmax(np.linalg.norm(xm - center, axis=1)))
+        return members[kcenter_greedy(xm, q, start)]
+    raise SelectionError(f"select.within must be far, near, random or kcenter, got {within!r}")
 
 
 def select_cluster(
@@ -141,13 +158,14 @@ def select_cluster(
     alpha: float = 1.0,
     split: str = "waterfill",
     tau: float = 0.5,
-    dedup: bool = False,
+    groups: np.ndarray | None = None,
 ) -> Selection:
     """Quotas per cluster by `split` (waterfill, proportional, power with n_k^tau); inside a
     cluster keep the samples farthest from / nearest to the centre, random, or k-center.
-    With `dedup`, a cluster's quota is capped at its number of distinct feature vectors
-    (exact copies are pure redundancy) and the rest of the budget goes to other clusters;
-    weights still use the full cluster sizes, so the copies' mass is kept."""
+    With duplicate `groups` (see duplicate_groups), a cluster spends its quota on distinct
+    samples first and its quota is capped at its number of distinct samples while the
+    budget allows (copies are pure redundancy), the rest going to other clusters; weights
+    still use the full cluster sizes, so the copies' mass is kept."""
     from clusterft.clustering import l2_normalize
 
     n = len(labels)
@@ -156,27 +174,19 @@ def select_cluster(
     if split not in (*SPLIT_TAU, "power"):
         raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
     x = l2_normalize(np.asarray(features, dtype=np.float32))
-    quotas = _quotas(x, labels, sizes, budget_count(budget, n), SPLIT_TAU.get(split, tau), dedup)
+    tau_eff, m = SPLIT_TAU.get(split, tau), budget_count(budget, n)
+    parts = [_distinct_first(np.flatnonzero(labels == c), groups) for c in range(k)]
+    distinct = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    if m <= distinct.sum():
+        quotas = split_budget(distinct, m, tau_eff)
+    else:
+        quotas = distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau_eff)
     rng = np.random.default_rng(seed)
     kept: list[np.ndarray] = []
-    for c in range(k):
-        members = np.flatnonzero(labels == c)
-        if quotas[c] == 0:
-            continue
-        if within == "random":
-            pick = rng.choice(members, size=quotas[c], replace=False)
-        elif within in ("far", "near"):
-            dist = np.linalg.norm(x[members] - centers[c], axis=1)
-            order = np.lexsort((members, -dist if within == "far" else dist))
-            pick = members[order[: quotas[c]]]
-        elif within == "kcenter":  # start from the point farthest from the centre
-            xm = x[members]
-            start = int(np.argmax(np.linalg.norm(xm - centers[c], axis=1)))
-            pick = members[kcenter_greedy(xm, int(quotas[c]), start)]
-        else:
-            raise SelectionError(
-                f"select.within must be far, near, random or kcenter, got {within!r}")
-        kept.append(pick)
+    for c, (firsts, copies) in enumerate(parts):
+        q_first = int(min(quotas[c], len(firsts)))
+        kept.append(_pick(firsts, q_first, x, centers[c], within, rng))
+        kept.append(_pick(copies, int(quotas[c]) - q_first, x, centers[c], within, rng))
     rows = np.sort(np.concatenate(kept)).astype(np.int64)
     if np.any(rows[1:] == rows[:-1]):  # a repeated row would be trained twice, silently
         raise SelectionError(f"within={within!r} picked a sample twice")
@@ -277,7 +287,8 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     from clusterft.data import load_examples
 
     start = time.perf_counter()
-    ids = [e.id for e in load_examples(cfg, "train")]
+    examples = load_examples(cfg, "train")
+    ids = [e.id for e in examples]
     n = len(ids)
     s = cfg.select
     if method in ("full", "infobatch"):  # infobatch prunes during training, not before
@@ -294,7 +305,8 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
         sel = select_cluster(
             labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True),
             load_npy(cfg.artifact("cluster", "centers.npy")), s.budget, s.seed, s.within, s.alpha,
-            s.split, s.tau, s.dedup,
+            s.split, s.tau,
+            duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples]) if s.dedup else None,
         )
     elif method == "cluster_paper":
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
@@ -308,6 +320,8 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
         "n_train": n,
         "n_selected": int(len(sel.rows)),
         "kept_fraction": len(sel.rows) / n,
+        "kept_distinct": int(len(np.unique(duplicate_groups(
+            [f"{examples[r].prompt}\n{examples[r].response}" for r in sel.rows])))),
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),
         "wall_clock_s": time.perf_counter() - start,  # the plots below are not part of the cost

@@ -177,6 +177,7 @@ def train_on_plan(
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 0,
     world_size: int | None = None,
+    on_step: Any = None,
 ) -> list[dict]:
     """Train this rank's share of a plan (or of a dynamic source such as InfoBatch);
     return step records (loss, times).
@@ -185,7 +186,8 @@ def train_on_plan(
     then all-reduced explicitly, so each step's compute time and sync time (communication
     plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
     state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
-    every `checkpoint_every` steps and every rank resumes from the last checkpoint."""
+    every `checkpoint_every` steps and every rank resumes from the last checkpoint.
+    `on_step(g)` is called after optimizer step g (1-based), e.g. to save snapshots."""
     from contextlib import nullcontext
 
     source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
@@ -247,6 +249,8 @@ def train_on_plan(
         }
         history.append(rec)
         g += 1
+        if on_step is not None:
+            on_step(g)
         if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
             save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history)
         if rank == 0 and (g % log_every == 1 or g == total):

@@ -1,0 +1,70 @@
+"""Choose selection settings on the validation split: `cluster` at one budget and seed under
+each variant (feature model/kind, alpha, within-cluster rule), next to `random` at the same
+budget, scored by exact match on validation only (the test split is left for the report).
+
+    .venv/bin/python benchmarks/sweep_validation.py --params profiles/smollm2.yaml --budget 0.3
+
+Each variant is a real experiment-grid run (select, allocate, torchrun training, evaluation)
+in its own artifacts folder under <artifacts>/sweep/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+VARIANTS = (  # (name, overrides); the first is the reference the others change one thing of
+    ("proxy embedding, alpha 0.5, kcenter", []),
+    ("proxy loss_traj (S2L)", ["features.kind=loss_traj"]),
+    ("MiniLM-L6 embedding", ["features.model=minilm"]),
+    ("alpha 1.0 (unbiased weights)", ["select.alpha=1.0"]),
+    ("no dedup", ["select.dedup=false"]),
+)
+BASE = ["features.model=proxy", "features.kind=embedding", "select.alpha=0.5", "select.within=kcenter",
+        "select.dedup=true"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", default="profiles/smollm2.yaml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--budget", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="comma list of variant names (default: all)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_feature_models import minilm_dir
+
+    from clusterft.config import load_config
+    from clusterft.experiment import run_experiment
+
+    root = load_config(args.params, args.overrides).artifact("sweep")
+    grid = [f"experiment.budgets=[{args.budget}]", f"experiment.seeds=[{args.seed}]",
+            "experiment.zero_shot=false", "evaluate.split=validation"]
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    rows = []
+    for i, (name, variant) in enumerate(VARIANTS):
+        if only and name not in only:
+            continue
+        variant = [v.replace("=minilm", f"={minilm_dir()}") for v in variant]
+        methods = "[random, cluster]" if i == 0 else "[cluster]"
+        sets = [*args.overrides, *BASE, *variant, *grid, f"experiment.methods={methods}",
+                f"paths.artifacts={root / f'v{i}'}"]
+        print(f"[sweep] {name}", flush=True)
+        for a in run_experiment(args.params, sets, progress=False)["aggregate"]:
+            rows.append([name if a["method"] == "cluster" else "random (reference)",
+                         f"{a['selection_s']:.1f}", f"{a['train_s']:.1f}", f"{a['kept_fraction']:.1%}",
+                         f"{a['macro_em']:.3f}", f"{a['worst_skill_em']:.3f}"])
+    head = ["variant", "selection s", "train s", "kept", "validation macro EM", "validation worst skill"]
+    print(f"\n## Validation sweep: budget {args.budget}, seed {args.seed}\n")
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
