@@ -19,6 +19,7 @@ VARIANTS = (  # (name, overrides); the first is the reference the others change 
     ("MiniLM-L6 embedding", ["features.model=minilm"]),
     ("alpha 1.0 (unbiased weights)", ["select.alpha=1.0"]),
     ("no dedup", ["select.dedup=false"]),
+    ("split power (quota ~ sqrt n_k)", ["select.split=power", "select.tau=0.5"]),
 )
 BASE = ["features.model=proxy", "features.kind=embedding", "select.alpha=0.5", "select.within=kcenter",
         "select.dedup=true"]
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--budget", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="", help="comma list of variant names (default: all)")
+    ap.add_argument("--only", default="", help="';'-separated variant names (default: all)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import sys
@@ -45,7 +46,7 @@ def main() -> None:
     root = load_config(args.params, args.overrides).artifact("sweep")
     grid = [f"experiment.budgets=[{args.budget}]", f"experiment.seeds=[{args.seed}]",
             "experiment.zero_shot=false", "evaluate.split=validation"]
-    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    only = {s.strip() for s in args.only.split(";") if s.strip()}
     rows = []
     for i, (name, variant) in enumerate(VARIANTS):
         if only and name not in only:

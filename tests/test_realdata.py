@@ -65,10 +65,11 @@ def test_real_profile_settings_run_end_to_end_on_a_handful_of_samples(tmp_path, 
     sets = [f"paths.artifacts={tmp_path / 'art'}", f"model.path={chat_model}",
             *[f"data.{s}={tmp_path / 'data' / (s + '.jsonl')}" for s in ("train", "validation", "test")],
             "lora.target_modules=[q_proj, v_proj]", "cluster.k=4", "train.per_device_batch=4",
-            "warmup.fraction=0.5", "evaluate.max_new_tokens=8", "select.methods=[full, cluster]"]
+            "warmup.fraction=0.5", "evaluate.max_new_tokens=8", "select.methods=[full, cluster]",
+            "features.model=proxy"]  # the profile's MiniLM folder is linked by realdata (no CI)
     params = str(REPO / "profiles" / "smollm2.yaml")
     cfg = load_config(params, sets)
-    assert cfg.data.chat_template and cfg.train.finetune == "lora" and cfg.features.model == "proxy"
+    assert cfg.data.chat_template and cfg.train.finetune == "lora"
     fns = stage_functions()
     for name in ("warmup", "features", "cluster"):
         fns[name](cfg)

