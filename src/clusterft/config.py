@@ -330,6 +330,7 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
     if cfg.features.kind not in FEATURE_KINDS:
         bad("features.kind", f"must be one of {FEATURE_KINDS}, got {cfg.features.kind!r}")
+    _check_ranges(cfg, bad)
     _check_feature_model(cfg, bad)
     if cfg.data.chat_template:
         _check_chat_template(cfg, bad)
@@ -395,6 +396,46 @@ def _check_chat_template(cfg: PipelineConfig, bad: Any) -> None:
     if not has:
         bad("data.chat_template", f"{folder}: the tokenizer has no chat template "
             "(no chat_template.jinja, none in tokenizer_config.json)")
+
+
+# Ranges every numeric param must satisfy, checked at load (key: (low, high, inclusive?)).
+# None = unbounded; a bool pair says whether each bound itself is allowed.
+RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
+    "warmup.lr": (0, None, (False, True)), "train.lr": (0, None, (False, True)),
+    "train.warmup_ratio": (0, 1, (True, False)), "train.weight_decay": (0, None, (True, True)),
+    "train.log_every": (1, None, (True, True)), "train.checkpoint_every": (0, None, (True, True)),
+    "train.max_restarts": (0, None, (True, True)), "train.infobatch_prune": (0, 1, (True, False)),
+    "select.alpha": (0, None, (True, True)), "select.tau": (0, None, (True, True)),
+    "select.paper_ratio": (0, 1, (False, True)), "lora.r": (1, None, (True, True)),
+    "lora.alpha": (0, None, (False, True)), "lora.dropout": (0, 1, (True, False)),
+    "evaluate.max_new_tokens": (1, None, (True, True)), "cluster.n_init": (1, None, (True, True)),
+    "cluster.k_min": (2, None, (True, True)), "cluster.auto_sample": (2, None, (True, True)),
+    "benchmark.n_train": (1, None, (True, True)), "benchmark.n_test_per_skill": (1, None, (True, True)),
+}
+ENUMS = {"select.split": ("waterfill", "proportional", "power"),
+         "select.within": ("kcenter", "far", "near", "random"),
+         "cluster.backend": ("auto", "sklearn", "faiss")}
+
+
+def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:
+    """Every key of RANGES within its bounds, every key of ENUMS one of its values."""
+    def get(key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    for key, (lo, hi, (lo_in, hi_in)) in RANGES.items():
+        v = get(key)
+        below = lo is not None and (v < lo or (v == lo and not lo_in))
+        above = hi is not None and (v > hi or (v == hi and not hi_in))
+        if below or above:
+            span = f"{'[' if lo_in else '('}{lo if lo is not None else '-inf'}, " \
+                   f"{hi if hi is not None else 'inf'}{']' if hi_in else ')'}"
+            bad(key, f"must be in {span}, got {v}")
+    for key, allowed in ENUMS.items():
+        if get(key) not in allowed:
+            bad(key, f"must be one of {allowed}, got {get(key)!r}")
+    if cfg.cluster.k_max < cfg.cluster.k_min:
+        bad("cluster.k_max", f"must be >= cluster.k_min ({cfg.cluster.k_min}), got {cfg.cluster.k_max}")
 
 
 FEATURE_MODELS = ("proxy", "target")
