@@ -290,6 +290,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     examples = load_examples(cfg, "train")
     ids = [e.id for e in examples]
     n = len(ids)
+    groups = duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples])
     s = cfg.select
     if method in ("full", "infobatch"):  # infobatch prunes during training, not before
         sel = select_full(n)
@@ -306,7 +307,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
             labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True),
             load_npy(cfg.artifact("cluster", "centers.npy")), s.budget, s.seed, s.within, s.alpha,
             s.split, s.tau,
-            duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples]) if s.dedup else None,
+            groups if s.dedup else None,
         )
     elif method == "cluster_paper":
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
@@ -320,8 +321,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
         "n_train": n,
         "n_selected": int(len(sel.rows)),
         "kept_fraction": len(sel.rows) / n,
-        "kept_distinct": int(len(np.unique(duplicate_groups(
-            [f"{examples[r].prompt}\n{examples[r].response}" for r in sel.rows])))),
+        "kept_distinct": int(len(np.unique(groups[sel.rows]))),
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),
         "wall_clock_s": time.perf_counter() - start,  # the plots below are not part of the cost
