@@ -86,3 +86,17 @@ def test_real_profile_settings_run_end_to_end_on_a_handful_of_samples(tmp_path, 
     assert rows["cluster"]["warmup_s"] > 0 and rows["cluster"]["kept_fraction"] == pytest.approx(0.3, abs=0.01)
     sel = json.loads((tmp_path / "art/methods/cluster/select_metrics.json").read_text())
     assert sel["kept_distinct"] == sel["n_selected"]  # dedup: no copy while distinct ones remain
+
+
+def test_proxy_warmup_reads_plain_text_like_its_features_while_target_reads_the_chat_template(tmp_path, chat_model):
+    from clusterft.config import load_config
+    from clusterft.warmup import warmup_examples
+
+    write_splits(skill_records(40, 2, seed=2), tmp_path / "data")
+    sets = [f"model.path={chat_model}",
+            *[f"data.{s}={tmp_path / 'data' / (s + '.jsonl')}" for s in ("train", "validation", "test")]]
+    params = str(REPO / "profiles" / "smollm2.yaml")
+    proxy = warmup_examples(load_config(params, [*sets, "features.model=proxy"]))
+    target = warmup_examples(load_config(params, [*sets, "features.model=target"]))
+    assert not any("<|user|>" in e.prompt for e in proxy)  # the proxy's features use plain prompts
+    assert all(e.prompt.startswith("<|system|>") for e in target)

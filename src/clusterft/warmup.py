@@ -75,6 +75,15 @@ def _proxy_model(cfg: Any, texts: list[str]) -> tuple[Any, Any, Path]:
     return build_tiny_model(cfg.model.tiny, tok, cfg.data.max_length), tok, state_dir(cfg) / "proxy"
 
 
+def warmup_examples(cfg: Any) -> list[Any]:
+    """Train examples rendered as the warmed-up model will read them at the features stage:
+    the target through `data`'s renderer (chat template included), the proxy as plain text."""
+    from clusterft.data import Renderer, load_examples
+
+    plain = Renderer(cfg.data.prompt_template) if cfg.features.model == "proxy" else None
+    return load_examples(cfg, "train", plain)
+
+
 def run_warmup(cfg: Any) -> dict:
     """Stage `warmup`: writes warmup/state/ and warmup/metrics.json."""
     import shutil
@@ -82,7 +91,7 @@ def run_warmup(cfg: Any) -> dict:
     import torch
 
     from clusterft.artifacts import ensure_dir, write_json
-    from clusterft.data import encode_all, load_examples
+    from clusterft.data import encode_all
     from clusterft.model import base_model_dir, load_tokenizer
 
     start = time.perf_counter()
@@ -96,7 +105,7 @@ def run_warmup(cfg: Any) -> dict:
         metrics = {"features_model": fm, "n_samples": 0, "steps": 0, "wall_clock_s": time.perf_counter() - start}
         write_json(cfg.artifact("warmup", "metrics.json"), metrics)
         return metrics
-    examples = load_examples(cfg, "train")
+    examples = warmup_examples(cfg)
     rows = warmup_subset(len(examples), w.fraction, w.seed)
     torch.manual_seed(w.seed)
     if fm == "target":
