@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from clusterft.config import FeaturesConfig, ModelConfig, PipelineConfig, load_config
+from clusterft.config import FeaturesConfig, ModelConfig, PipelineConfig, load_config, relocate
 from clusterft.data import Encoded, encode_all, load_examples, per_sample_loss
 from clusterft.features import Extractor, build_extractor, extract
 from clusterft.lora_grads import (PerSampleLoraGrads, ResponseLoss, loop_per_sample_grads,
@@ -111,9 +111,7 @@ class Case:
 def tiny_overrides(workdir: Path, n_train: int, quick: bool) -> list[str]:
     """params.yaml overrides of the benchmark pipeline: everything under `workdir`."""
     art = workdir / "artifacts"
-    overrides = [f"paths.artifacts={art}", f"data.train={art}/data/train.jsonl",
-                 f"data.validation={art}/data/validation.jsonl", f"data.test={art}/data/test.jsonl",
-                 f"benchmark.n_train={n_train}", "model.path=", "model.gguf_file=",
+    overrides = [*relocate(art), f"benchmark.n_train={n_train}", "model.gguf_file=",
                  "features.model=target"]  # this benchmark times the target model's LoRA gradients
     return overrides + (["warmup.epochs=1", "cluster.n_init=1"] if quick else [])
 

@@ -2,13 +2,13 @@
 
     prefect server start --host 127.0.0.1 --port 4200          # terminal 1: local server
     export PREFECT_API_URL=http://127.0.0.1:4200/api
-    python flows/deploy.py --params params.yaml                 # terminal 2: 02:00 every night
+    python flows/deploy.py --project .                          # terminal 2: 02:00 every night
     prefect deployment run clusterft-pipeline/nightly           # or trigger a run now
 
 This process registers the deployment, then polls the server and runs each due flow run
-in a subprocess of its own, in this folder (run it from the project root). Ctrl-C or
-SIGTERM stops it and pauses the schedule. Runs never overlap (limit 1): they share the
-artifacts folder.
+in a subprocess of its own. Each run reproduces the project's DVC stages (the same lock
+and cache as `dvc repro`), so a run after no change finishes in seconds. Ctrl-C or SIGTERM
+stops it and pauses the schedule. Runs never overlap (limit 1): they share the project.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", default="nightly", help="deployment name (default nightly)")
     p.add_argument("--cron", default=NIGHTLY, help=f"cron schedule, server time zone (default {NIGHTLY!r})")
-    p.add_argument("--params", default="params.yaml", help="params file the runs use (default params.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="param override passed to every run, e.g. --set select.methods=[full]")
+    p.add_argument("--project", default=".", help="DVC project the runs reproduce (default: this folder)")
     return p
 
 
@@ -36,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     from clusterft.config import ConfigError, load_config
 
     args = build_parser().parse_args(argv)
+    project = str(Path(args.project).resolve())
     try:  # fail now, not at 02:00
-        load_config(args.params, args.overrides)
+        load_config(Path(project) / "params.yaml")
     except ConfigError as exc:
         print(f"deploy: error: {exc}", file=sys.stderr)
         return 2
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.serve(
         name=args.name,
         cron=args.cron,
-        parameters={"params": args.params, "overrides": args.overrides},
+        parameters={"project": project},
         description="clusterft pipeline (dvc.yaml stages) on a schedule",
         limit=1,
     )

@@ -24,14 +24,16 @@ def tiny_params(root: Path, relative: bool = False) -> dict:
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["paths"]["artifacts"] = str(art)
     p["benchmark"].update(n_train=240, n_validation=24, n_test_per_skill=2)
-    p["data"].update(train=str(art / "data/train.jsonl"), validation=str(art / "data/validation.jsonl"),
-                     test=str(art / "data/test.jsonl"), max_length=48)
+    p["data"].update(train=str(art / "benchmark/train.jsonl"), validation=str(art / "benchmark/validation.jsonl"),
+                     test=str(art / "benchmark/test.jsonl"), max_length=48)
+    p["model"]["path"] = str(art / "model/base")
     p["model"]["tiny"].update(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=300)
     p["warmup"].update(fraction=0.1, epochs=1, batch_size=8)
     p["cluster"].update(k=4, n_init=1)
     p["train"].update(epochs=1, per_device_batch=8, log_every=5)
     p["evaluate"].update(max_new_tokens=8)
     p["tracking"]["tracking_uri"] = "sqlite:///mlflow.db" if relative else f"sqlite:///{root / 'mlflow.db'}"
+    p["tracking"]["live"] = False  # tiny_run and test_compare cover live training runs
     return p
 
 
@@ -58,19 +60,19 @@ def tiny_model_dir(tmp_path_factory):
 def tiny_run(tmp_path_factory):
     """One real end-to-end run (torchrun training included) shared by read-only tests."""
     from clusterft.config import load_config
-    from clusterft.distributed import launch
-    from clusterft.stages import stage_functions
+    from clusterft.distributed import launch_stage
+    from clusterft.stages import PIPELINE
 
     root = tmp_path_factory.mktemp("tiny_run")
-    params = write_params(root, tiny_params(root))
+    p = tiny_params(root)
+    p["tracking"]["live"] = True
+    params = write_params(root, p)
     cfg = load_config(params)
-    fns = stage_functions()
-    for name in ("make-benchmark", "prepare-model", "warmup", "features", "cluster"):
-        fns[name](cfg)
-    for m in cfg.select.methods:
-        fns["select"](cfg, m)
-        fns["allocate"](cfg, m)
-        launch(cfg.train.nproc, ["train", "--params", str(params), "--method", m])
-        fns["evaluate"](cfg, m)
-    summary = fns["compare"](cfg)
+    summary = None
+    for st in PIPELINE:  # the stage table's order, as dvc.yaml and the Prefect flow run it
+        for m in (cfg.select.methods if st.per_method else [None]):
+            if st.workers:
+                launch_stage(cfg, st.name, str(params), [], m)
+            else:
+                summary = st.function(cfg, m) if m else st.function(cfg)
     return {"root": root, "params": params, "cfg": cfg, "summary": summary}

@@ -67,7 +67,7 @@ CASES = [
     ("tokenizer-without-eos", lambda r: _edit(r, lambda p: p["model"].update(path=str(_no_eos(r))), "warmup"),
      ["tokenizer has no eos token"]),
     ("nan-features", lambda r: _nan_features(r), ["rows contain NaN/inf", "first rows [5]"]),
-    ("unwritable-output", lambda r: _edit(r, lambda p: p["data"].update(train=str(_file(r) / "sub/t.jsonl")),
+    ("unwritable-output", lambda r: _edit(r, lambda p: p["paths"].update(artifacts=str(_file(r) / "sub")),
                                           "make-benchmark"), ["a-file/sub", "cannot create output folder"]),
     ("params-unknown-key", lambda r: _raw_params(r, "cluster:\n  kk: 3\n"), ["cluster.kk", "unknown key"]),
     ("params-wrong-type", lambda r: _raw_params(r, "train:\n  epochs: many\n"), ["train.epochs", "integer"]),

@@ -35,3 +35,23 @@ def test_mlflow_holds_parent_and_nested_stage_runs_with_wall_clock(tiny_run):
     assert train.data.metrics["wall_clock_s"] > 0
     history = client.get_metric_history(train.info.run_id, "loss")
     assert len(history) == train.data.metrics["steps"]
+
+
+def test_training_runs_are_logged_live_with_params_dataset_and_model(tiny_run):
+    cfg = tiny_run["cfg"]
+    client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training view
+    parent = client.get_run(tiny_run["summary"]["mlflow_run_id"])
+    tm = json.loads(cfg.artifact("methods", "cluster", "train_metrics.json").read_text())
+    train = client.get_run(tm["mlflow_run_id"])  # created by rank 0 when training started
+    method_run = client.get_run(train.data.tags["mlflow.parentRunId"])
+    assert method_run.info.run_name == "cluster" and train.info.status == "FINISHED"
+    assert set(train.data.params) == set(parent.data.params) | {"method"}  # the same keys everywhere
+    assert train.data.params["select.budget"] == str(cfg.select.budget)
+    assert method_run.data.params["method"] == "cluster"
+    assert train.data.tags["clusterft.dvc_lock"] and "mlflow.source.git.commit" in train.data.tags
+    assert {d.dataset.name for d in train.inputs.dataset_inputs} == {"train.jsonl", "validation.jsonl", "test.jsonl"}
+    stamps = [m.timestamp for m in client.get_metric_history(train.info.run_id, "loss")]
+    assert len(stamps) == tm["steps"] and stamps == sorted(stamps) and stamps[-1] > stamps[0]
+    assert any(a.path == "model" for a in client.list_artifacts(train.info.run_id))

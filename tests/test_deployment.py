@@ -13,7 +13,8 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.conftest import REPO, tiny_params, write_params
+from tests.conftest import REPO, tiny_params
+from tests.helpers.dvc_project import dvc, env as dvc_env, make_project, ran
 
 DEPLOY = REPO / "flows" / "deploy.py"
 SERVER_START_S = 150  # a fresh server runs its migrations first: ~25-40 s here
@@ -25,13 +26,13 @@ def test_deploy_defaults_to_a_nightly_cron():
     from flows.deploy import build_parser
 
     args = build_parser().parse_args([])
-    assert (args.cron, args.name, args.params, args.overrides) == ("0 2 * * *", "nightly", "params.yaml", [])
+    assert (args.cron, args.name, args.project) == ("0 2 * * *", "nightly", ".")
 
 
 def test_deploy_rejects_a_bad_params_file_before_serving(tmp_path):
     bad = tmp_path / "params.yaml"
     bad.write_text("select:\n  methodz: [full]\n")
-    res = subprocess.run([sys.executable, str(DEPLOY), "--params", str(bad)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(DEPLOY), "--project", str(tmp_path)], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path, env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")})
     assert res.returncode == 2 and "methodz" in res.stderr
 
@@ -122,7 +123,10 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
            "PREFECT_LOGGING_LEVEL": "INFO"}
-    params = write_params(tmp_path, tiny_params(tmp_path))
+    root = tmp_path / "proj"
+    params = tiny_params(root, relative=True)
+    params["select"]["methods"] = ["full"]
+    make_project(root, params)
     logs = {"server": tmp_path / "server.log", "serve": tmp_path / "serve.log"}
     procs: dict[str, subprocess.Popen] = {}
     stopped: list[int] = []
@@ -139,9 +143,8 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
 
         with open(logs["serve"], "w") as log:
             procs["serve"] = subprocess.Popen(
-                [sys.executable, str(DEPLOY), "--name", "ci", "--cron", "0 0 1 1 *", "--params", str(params),
-                 "--set", "select.methods=[full]"],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+                [sys.executable, str(DEPLOY), "--name", "ci", "--cron", "0 0 1 1 *", "--project", str(root)],
+                env={**env, **dvc_env()}, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
 
         monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
         monkeypatch.setenv("PREFECT_API_URL", api)
@@ -152,7 +155,7 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
             dep = _wait("the deployment", REGISTER_S,
                         lambda: client.read_deployment_by_name("clusterft-pipeline/ci"), procs, logs)
             assert [s.schedule.cron for s in dep.schedules] == ["0 0 1 1 *"]
-            assert dep.parameters == {"params": str(params), "overrides": ["select.methods=[full]"]}
+            assert dep.parameters == {"project": str(root)}
             run = client.create_flow_run_from_deployment(dep.id)
             final = _wait("the flow run to finish", RUN_S,
                           lambda: (s := client.read_flow_run(run.id).state) is not None and s.is_final() and s,
@@ -165,6 +168,7 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
             if name in procs:
                 stopped += _stop(procs[name])
     assert not [p for p in stopped if _alive(p)]
-    metrics = json.loads((tmp_path / "artifacts/methods/full/train_metrics.json").read_text())
+    metrics = json.loads((root / "artifacts/methods/full/train_metrics.json").read_text())
     assert metrics["world_size"] == 2
-    assert (tmp_path / "artifacts/report/compare.md").exists()
+    assert (root / "artifacts/report/compare.md").exists()
+    assert ran(dvc(root, "repro")) == set()  # the scheduled run kept DVC's lock current

@@ -104,4 +104,4 @@ def test_image_tree_runs_a_dvc_stage_without_git(tmp_path):
     res = subprocess.run(dvc + ["repro", "make-benchmark"], cwd=app, env=env, capture_output=True, text=True,
                          timeout=180)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert (app / "artifacts/data/train.jsonl").exists() and (app / "dvc.lock").exists()
+    assert (app / "artifacts/benchmark/train.jsonl").exists() and (app / "dvc.lock").exists()

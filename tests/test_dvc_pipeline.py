@@ -1,37 +1,17 @@
-"""A real `dvc repro` of dvc.yaml on a tiny config, in a temporary copy of the repo."""
+"""Real `dvc repro` of the generated dvc.yaml on a tiny config, in a temporary project: the
+built-in benchmark, then your own model folder and data files with no edit to dvc.yaml."""
 
-import os
-import re
+import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-
-from tests.conftest import REPO, tiny_params, write_params
-
-
-def dvc(root, *args):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(REPO / "src")}
-    res = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res.stdout + res.stderr
-
-
-def ran(output):
-    return set(re.findall(r"Running stage '([^']+)'", output))
+from tests.conftest import tiny_params, write_params
+from tests.helpers.dvc_project import dvc, make_project, ran
 
 
 def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
     root = tmp_path / "proj"
-    root.mkdir()
-    shutil.copy(REPO / "dvc.yaml", root)
-    shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     params = tiny_params(root, relative=True)
-    write_params(root, params)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    dvc(root, "init", "-q")
+    make_project(root, params)
 
     first = dvc(root, "repro")
     assert {"make-benchmark", "prepare-model", "warmup", "features", "cluster", "select@cluster",
@@ -41,7 +21,7 @@ def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
 
     again = dvc(root, "repro")
     assert ran(again) == set()
-    assert "Data and pipelines are up to date" in dvc(root, "status")
+    assert "Data and pipelines are up to date" in dvc(root, "status", "dvc.yaml")
 
     params["select"]["budget"] = 0.3
     write_params(root, params)
@@ -50,3 +30,36 @@ def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
     assert not third & {"make-benchmark", "prepare-model", "warmup", "features", "cluster", "train@full"}
     sel = (root / "artifacts/methods/cluster/selection.jsonl").read_text().splitlines()
     assert len(sel) == 0.3 * params["benchmark"]["n_train"]
+
+
+def test_dvc_repro_with_your_own_model_folder_and_data_files(tmp_path, tiny_model_dir):
+    from clusterft.benchmark import generate
+    from clusterft.config import BenchmarkConfig
+
+    model = tmp_path / "models" / "mine"  # outside the project, as a user's model usually is
+    shutil.copytree(tiny_model_dir, model)
+    root = tmp_path / "proj"
+    root.mkdir()
+    splits = generate(BenchmarkConfig(n_train=160, n_validation=16, n_test_per_skill=2, seed=5))
+    (root / "data").mkdir()
+    for name, recs in splits.items():
+        (root / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    params = tiny_params(root, relative=True)
+    params["model"]["path"] = str(model)
+    params["data"].update(train="data/train.jsonl", validation="data/validation.jsonl", test="data/test.jsonl")
+    params["select"]["methods"] = ["cluster"]
+    make_project(root, params)
+
+    first = ran(dvc(root, "repro"))
+    assert {"warmup", "features", "cluster", "train@cluster", "evaluate@cluster"} <= first
+    sel = (root / "artifacts/methods/cluster/selection.jsonl").read_text().splitlines()
+    assert len(sel) == round(params["select"]["budget"] * 160)  # the user's 160 samples, not the benchmark
+    assert not (root / "artifacts/model/base/config.json").exists()  # no built-in model was built
+    lock = (root / "dvc.lock").read_text()
+    assert str(model) in lock and "data/train.jsonl" in lock  # both are tracked dependencies
+
+    with open(root / "data/train.jsonl", "a") as f:  # the user's data changes: selection follows
+        f.write(json.dumps({**splits["train"][0], "id": "mine-1", "output": "changed"}) + "\n")
+    assert {"warmup", "features", "select@cluster"} <= ran(dvc(root, "repro"))
+    (model / "tokenizer_config.json").write_text((model / "tokenizer_config.json").read_text() + "\n")
+    assert {"warmup", "train@cluster"} <= ran(dvc(root, "repro"))  # so does the model folder's

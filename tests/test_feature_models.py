@@ -110,6 +110,8 @@ def test_encoder_folder_must_be_a_model_and_fit_the_kind(tmp_path):
 
 def test_chat_template_needs_a_tokenizer_that_has_one(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")  # checked for at load; read by the stages
     with pytest.raises(ConfigError, match="data.chat_template: .*no chat template"):
         load_config(None, ["data.chat_template=true", f"model.path={tmp_path}"])
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")

@@ -259,7 +259,9 @@ def load_plan(out_dir) -> AllocationPlan:
 
 def plan_mode(method: str, clusters: np.ndarray) -> str:
     """The allocation a selection method trains with."""
-    if method == "cluster_paper":
+    from clusterft.methods import METHODS
+
+    if METHODS[method].allocation == "rank_per_cluster":
         return "rank_per_cluster"
     return "balanced" if (np.asarray(clusters) >= 0).any() else "shuffle"
 

@@ -147,20 +147,22 @@ def write_benchmark(cfg: BenchmarkConfig, out_dir: str | Path) -> dict[str, int]
 
 
 def run_make_benchmark(cfg) -> dict:
-    """Stage `make-benchmark`: writes the three splits where `cfg.data` points."""
+    """Stage `make-benchmark`: writes the three splits under <artifacts>/benchmark/ (where
+    data.* point by default)."""
     import time
 
     from clusterft.artifacts import write_json
+    from clusterft.stages import builtin_data_path, stage
 
     start = time.perf_counter()
     splits = generate(cfg.benchmark)
-    for name, attr in (("train", "train"), ("validation", "validation"), ("test", "test")):
-        write_jsonl(getattr(cfg.data, attr), splits[name])
+    for name in ("train", "validation", "test"):
+        write_jsonl(builtin_data_path(cfg, name), splits[name])
     sizes: dict[str, int] = {}
     for r in splits["train"]:
         sizes[r["skill"]] = sizes.get(r["skill"], 0) + 1
     metrics = {"splits": {k: len(v) for k, v in splits.items()}, "train_skill_sizes": sizes,
                "head_to_rarest": max(sizes.values()) / min(sizes.values()),
                "wall_clock_s": time.perf_counter() - start}
-    write_json(Path(cfg.data.train).parent / "benchmark_metrics.json", metrics)
+    write_json(stage("make-benchmark").metrics_path(cfg), metrics)
     return metrics

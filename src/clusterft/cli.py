@@ -14,44 +14,38 @@ import os
 import sys
 import warnings
 
-STAGES_WITH_METHOD = ("select", "allocate", "train", "evaluate")
-
-
-STAGE_HELP = {
-    "make-benchmark": "write the built-in skill-mixture benchmark (train/validation/test JSONL)",
-    "prepare-model": "build the built-in tiny model + tokenizer, or check model.path",
-    "warmup": "short LoRA fine-tune on a random fraction of train",
-    "features": "one gradient feature vector per train sample",
-    "cluster": "k-means on the normalised features",
-    "select": "choose the training subset and its per-sample weights",
-    "allocate": "plan which sample each rank trains at each step",
-    "train": "weighted data-parallel fine-tuning (torchrun)",
-    "evaluate": "exact match per skill and held-out loss",
-    "compare": "table of time and accuracy per method; MLflow runs",
-}
-
+from clusterft.methods import METHODS
+from clusterft.stages import BY_NAME, STAGES
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clusterft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name, help_text in STAGE_HELP.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+    for st in STAGES:
+        sp = sub.add_parser(st.name, help=st.help, description=st.help)
         sp.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param, e.g. --set select.budget=0.3")
-        if name in STAGES_WITH_METHOD:
-            sp.add_argument("--method", required=True, help="selection method, e.g. full or cluster")
-            sp.add_argument("--run-name", dest="run", default=None,
+        if st.per_method:
+            sp.add_argument("--method", required=True, choices=list(METHODS), help="selection method")
+            sp.add_argument("--run-name", dest="run", default=None, type=run_name,
                             help="named run folder (experiments/<name>) instead of methods/<method>")
-    sp = sub.add_parser("experiment", help="methods x budgets x seeds grid and its report",
-                        description="Run the experiment grid (params.yaml `experiment`) and write "
-                                    "experiments/report.md + report.png; resumes finished runs.")
-    sp.add_argument("--params", default="params.yaml")
-    sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    sp.add_argument("--report-only", action="store_true",
-                    help="train nothing: report the runs already finished under the current params")
-    sp = sub.add_parser("params", help="print every param with its default and help")
+        if st.name == "experiment":
+            sp.add_argument("--report-only", action="store_true",
+                            help="train nothing: report the runs already finished under the current params")
+    sub.add_parser("params", help="print every param with its default and help")
+    sp = sub.add_parser("dvc-yaml", help="write dvc.yaml and experiments/dvc.yaml from the stage table",
+                        description="Generate the DVC files from src/clusterft/stages.py.")
+    sp.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
     return p
+
+
+def run_name(text: str) -> str:
+    from clusterft.config import ConfigError, check_run_name
+
+    try:
+        return check_run_name(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def print_params() -> None:
@@ -74,7 +68,6 @@ def _under_torchrun() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from clusterft.errors import USER_ERRORS
-    from clusterft.stages import stage_functions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -90,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "params":
         print_params()
         return 0
+    if args.command == "dvc-yaml":
+        from clusterft.stages import write_dvc_files
+
+        stale = write_dvc_files(".", check=args.check)
+        for name in stale:
+            print(f"{name}: {'differs from the stage table' if args.check else 'written'}")
+        return 1 if args.check and stale else 0
     try:
         from clusterft.config import load_config
 
@@ -99,17 +99,15 @@ def main(argv: list[str] | None = None) -> int:
 
             run_experiment(args.params, args.overrides, report_only=args.report_only)
             return 0
-        workers = {"features": cfg.features.nproc, "train": cfg.train.nproc}.get(args.command, 1)
+        st = BY_NAME[args.command]
+        workers = cfg.value(st.workers) if st.workers else 1
         if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
-            from clusterft.distributed import launch
+            from clusterft.distributed import launch_stage
 
-            again = [args.command, "--params", args.params, *[a for o in args.overrides for a in ("--set", o)]]
-            if args.command in STAGES_WITH_METHOD:
-                again += ["--method", args.method] + (["--run-name", args.run] if args.run else [])
-            launch(workers, again, max_restarts=cfg.train.max_restarts if args.command == "train" else 0)
+            launch_stage(cfg, st.name, args.params, args.overrides, args.method if st.per_method else None,
+                         args.run if st.per_method else None)
             return 0
-        fn = stage_functions()[args.command]
-        fn(cfg, args.method, args.run) if args.command in STAGES_WITH_METHOD else fn(cfg)
+        st.function(cfg, args.method, args.run) if st.per_method else st.function(cfg)
     except USER_ERRORS as exc:
         print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
         return 2

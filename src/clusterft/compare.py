@@ -1,7 +1,7 @@
 """Compare methods: wall-clock of every stage, end-to-end time, saving versus full, accuracy.
 
-End-to-end time of a method = the selection stages it needs (METHOD_NEEDS: warmup +
-features + cluster for `cluster`) + select + allocate + train. Building the data
+End-to-end time of a method = the selection stages it needs (`needs` in the method table:
+warmup + features + cluster for `cluster`) + select + allocate + train. Building the data
 and the model, and evaluation, cost the same for every method and are shown apart.
 """
 
@@ -10,26 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 from clusterft.artifacts import read_json
+from clusterft.methods import METHODS
+from clusterft.stages import STAGES
 
-SHARED_STAGES = {"warmup": ("warmup", "metrics.json"), "features": ("features", "metrics.json"),
-                 "cluster": ("cluster", "metrics.json")}
-METHOD_STAGES = {"select": "select_metrics.json", "allocate": "allocate_metrics.json",
-                 "train": "train_metrics.json", "evaluate": "eval.json"}
-# The shared selection stages each method's end-to-end time includes.
-METHOD_NEEDS = {"cluster": ("warmup", "features", "cluster"), "cluster_paper": ("warmup", "features")}
+SHARED_STAGES = tuple(s.name for s in STAGES if s.selection)  # warmup, features, cluster
 
 
 def collect(cfg: Any) -> dict[str, Any]:
     """Read every stage's metrics JSON: {'shared': {stage: m}, 'methods': {method: {stage: m}}}."""
-    shared = {}
-    for stage, (folder, name) in SHARED_STAGES.items():
-        p = cfg.artifact(folder, name)
-        if p.exists():
-            shared[stage] = read_json(p)
+    shared = {s.name: read_json(s.metrics_path(cfg)) for s in STAGES
+              if s.selection and s.metrics_path(cfg).exists()}
     methods = {}
     for method in cfg.select.methods:
-        mdir = cfg.artifact("methods", method)
-        methods[method] = {s: read_json(mdir / f) for s, f in METHOD_STAGES.items() if (mdir / f).exists()}
+        methods[method] = {s.name: read_json(s.metrics_path(cfg, method)) for s in STAGES
+                           if s.per_method and s.metrics_path(cfg, method).exists()}
     return {"shared": shared, "methods": methods}
 
 
@@ -40,7 +34,7 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
     for method, st in collected["methods"].items():
         row: dict[str, Any] = {"method": method}
         for s in SHARED_STAGES:
-            needed = s in METHOD_NEEDS.get(method, ())
+            needed = s in METHODS[method].needs
             row[f"{s}_s"] = shared.get(s, {}).get("wall_clock_s", 0.0) if needed else 0.0
         for s in ("select", "allocate", "train"):
             row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))

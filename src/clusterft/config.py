@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from clusterft.methods import METHODS
 
 
 class ConfigError(ValueError):
@@ -35,10 +38,10 @@ class PathsConfig:
 
 @dataclass
 class DataConfig:
-    source: str = _f("builtin", "builtin (make-benchmark writes the splits) or files (your own JSONL)")
-    train: str = _f("artifacts/data/train.jsonl", "training JSONL (Alpaca or chat form)")
-    validation: str = _f("artifacts/data/validation.jsonl", "held-out JSONL for the loss")
-    test: str = _f("artifacts/data/test.jsonl", "test JSONL for exact-match evaluation")
+    train: str = _f("artifacts/benchmark/train.jsonl", "training JSONL (Alpaca or chat form); default: "
+                    "the built-in benchmark make-benchmark writes under paths.artifacts")
+    validation: str = _f("artifacts/benchmark/validation.jsonl", "held-out JSONL (choosing settings, loss)")
+    test: str = _f("artifacts/benchmark/test.jsonl", "test JSONL for exact-match evaluation")
     max_length: int = _f(96, "tokens per sample after templating; longer samples are truncated")
     prompt_template: str = _f(
         "Instruction: {instruction}\n{input_block}Response:",
@@ -72,7 +75,8 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = _f("", "local HF causal-LM folder; empty = build the built-in tiny model")
+    path: str = _f("artifacts/model/base", "local HF causal-LM folder; default: the built-in tiny model "
+                   "prepare-model builds under paths.artifacts")
     gguf_file: str = _f("", "GGUF file inside `path` to load (needs the `gguf` package)")
     trust_remote_code: bool = _f(False, "allow custom modelling code from `path` (off: unsafe)")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -185,6 +189,8 @@ class ExperimentConfig:
 class TrackingConfig:
     experiment: str = _f("clusterft", "MLflow experiment name")
     tracking_uri: str = _f("sqlite:///mlflow.db", "MLflow store; env MLFLOW_TRACKING_URI wins")
+    live: bool = _f(True, "rank 0 logs each training run to MLflow as it trains (params, dataset, "
+                    "per-step curve, model); a crashed run keeps its curve")
 
 
 @dataclass
@@ -210,7 +216,51 @@ class PipelineConfig:
     def method_dir(self, method: str, run: str | None = None) -> Path:
         """Outputs of one method's select/allocate/train/evaluate: methods/<method>, or
         experiments/<run> for a named run of an experiment grid."""
+        from clusterft.methods import METHODS
+
+        if method not in METHODS:
+            raise ConfigError(f"method {method!r}: unknown; known: {', '.join(METHODS)}")
+        if run is not None:
+            check_run_name(run)
         return self.artifact("experiments", run) if run else self.artifact("methods", method)
+
+    @property
+    def builtin_model(self) -> bool:
+        """model.path is where prepare-model builds the built-in tiny model."""
+        from clusterft.stages import builtin_model_path
+
+        return _same(self.model.path, builtin_model_path(self))
+
+    def builtin_split(self, split: str) -> bool:
+        """data.<split> is the built-in benchmark's file."""
+        from clusterft.stages import builtin_data_path
+
+        return _same(getattr(self.data, split), builtin_data_path(self, split))
+
+    def value(self, key: str) -> Any:
+        """The param at dotted `key`, e.g. cfg.value("train.nproc")."""
+        obj: Any = self
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def relocate(artifacts: str | Path) -> list[str]:
+    """Overrides that move paths.artifacts and the built-in data and model with it."""
+    a = Path(artifacts)
+    return [f"paths.artifacts={a}", f"model.path={a / 'model' / 'base'}",
+            *[f"data.{s}={a / 'benchmark' / f'{s}.jsonl'}" for s in ("train", "validation", "test")]]
+
+
+def _same(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def check_run_name(name: str) -> str:
+    """A grid run's folder name: letters, digits, '.', '_' and '-' (never a path)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or ".." in name:
+        raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' and '-' only (no path)")
+    return name
 
 
 def _check_value(value: Any, tp: Any, where: str) -> Any:
@@ -324,8 +374,7 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("cluster.k", f"must be >= 1, got {cfg.cluster.k}")
     if cfg.train.nproc < 1:
         bad("train.nproc", f"must be >= 1, got {cfg.train.nproc}")
-    if cfg.data.source not in ("builtin", "files"):
-        bad("data.source", f"must be 'builtin' or 'files', got {cfg.data.source!r}")
+    _check_inputs(cfg, bad)
     if cfg.train.finetune not in ("full", "lora"):
         bad("train.finetune", f"must be 'full' or 'lora', got {cfg.train.finetune!r}")
     if cfg.features.kind not in FEATURE_KINDS:
@@ -345,8 +394,8 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         bad("features.projection_cache_mb", "must be >= 0")
     for key, methods in (("select.methods", cfg.select.methods), ("experiment.methods", cfg.experiment.methods)):
         for m in methods:
-            if m not in SELECT_METHODS:
-                bad(key, f"unknown method {m!r}; known: {SELECT_METHODS}")
+            if m not in METHODS:
+                bad(key, f"unknown method {m!r}; known: {', '.join(METHODS)}")
     for b in cfg.experiment.budgets:
         if not 0 < b <= 1:
             bad("experiment.budgets", f"each budget must be a fraction in (0, 1], got {b}")
@@ -356,6 +405,44 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, "must be >= 1")
+
+
+def _check_inputs(cfg: PipelineConfig, bad: Any) -> None:
+    """Your own data files and model folder exist (the built-in ones are made by their
+    stages), before any stage spends time."""
+    from clusterft.stages import builtin_data_path, builtin_model_path
+
+    own = [s for s in ("train", "validation", "test") if not cfg.builtin_split(s)]
+    for s in own:
+        path = Path(getattr(cfg.data, s))
+        if not path.is_file():
+            bad(f"data.{s}", f"{path}: file not found" + _default_hint(cfg, path, builtin_data_path(cfg, s)))
+    if not cfg.builtin_model:
+        folder = Path(cfg.model.path)
+        if not folder.is_dir():
+            bad("model.path", f"{folder}: model folder not found"
+                + _default_hint(cfg, folder, builtin_model_path(cfg)))
+        model_files_problem = check_model_files(folder, cfg.model.gguf_file)
+        if model_files_problem:
+            bad("model.path", model_files_problem)
+
+
+def _default_hint(cfg: PipelineConfig, path: Path, builtin: Path) -> str:
+    if str(cfg.paths.artifacts) != "artifacts" and str(path).startswith("artifacts/"):
+        return f" (the built-in one is made under paths.artifacts: {builtin})"
+    return ""
+
+
+def check_model_files(path: Path, gguf_file: str = "") -> str:
+    """What makes `path` unusable as a model folder ('' when it is usable); reads no weights."""
+    if gguf_file:
+        return "" if (path / gguf_file).exists() else f"{path / gguf_file}: GGUF file not found (model.gguf_file)"
+    if not (path / "config.json").exists():
+        return f"{path}: no config.json; not a Hugging Face model folder"
+    if not any(path.glob("*.safetensors")):
+        hint = " (only pickle-based *.bin found; convert to safetensors)" if any(path.glob("*.bin")) else ""
+        return f"{path}: no *.safetensors weights{hint}"
+    return ""
 
 
 def _check_feature_model(cfg: PipelineConfig, bad: Any) -> None:
@@ -378,7 +465,7 @@ def _check_feature_model(cfg: PipelineConfig, bad: Any) -> None:
 
 def _check_chat_template(cfg: PipelineConfig, bad: Any) -> None:
     """data.chat_template needs a tokenizer that ships one (the built-in tokenizer has none)."""
-    if not cfg.model.path:
+    if cfg.builtin_model:
         bad("data.chat_template", "the built-in tiny model's tokenizer has no chat template; "
             "set model.path to an instruct model or turn chat_template off")
     folder = Path(cfg.model.path)
@@ -441,7 +528,6 @@ def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:
 FEATURE_MODELS = ("proxy", "target")
 FEATURE_KINDS = ("lora_grad", "lastlayer", "embedding", "loss_traj")
 FEATURE_PROJECTIONS = ("sparse", "rademacher", "gaussian", "none")
-SELECT_METHODS = ("full", "random", "cluster", "cluster_paper", "infobatch")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,27 @@ def torchrun_command(nproc: int, module_args: list[str], nnodes: int = 1,
     if nnodes == 1:
         launcher.append("--standalone")
     return launcher + list(extra or []) + ["-m", "clusterft.cli", *module_args]
+
+
+def stage_argv(name: str, params: str, overrides: list[str], method: str | None = None,
+               run: str | None = None) -> list[str]:
+    """`clusterft` arguments that rerun one stage with the same params file and overrides."""
+    argv = [name, "--params", str(params), *[a for o in overrides for a in ("--set", o)]]
+    if method:
+        argv += ["--method", method]
+    if run:
+        argv += ["--run-name", run]
+    return argv
+
+
+def launch_stage(cfg: Any, name: str, params: str, overrides: list[str], method: str | None = None,
+                 run: str | None = None) -> None:
+    """Run a stage under torchrun with the worker count and restarts its STAGES entry names."""
+    from clusterft.stages import stage
+
+    st = stage(name)
+    launch(cfg.value(st.workers) if st.workers else 1, stage_argv(name, params, overrides, method, run),
+           max_restarts=cfg.value(st.restarts) if st.restarts else 0)
 
 
 def launch(nproc: int, module_args: list[str], env: dict | None = None, max_restarts: int = 0) -> None:

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from clusterft.compare import METHOD_NEEDS, SHARED_STAGES
-
-BUDGETLESS = ("full", "infobatch")
+from clusterft.methods import METHODS
+from clusterft.stages import STAGES
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,9 @@ class RunSpec:
 
     def overrides(self) -> list[str]:
         out = [f"select.seed={self.seed}", f"train.seed={self.seed}"]
-        if self.method == "cluster_paper":
-            out.append(f"select.paper_ratio={self.budget}")
-        elif self.budget is not None:
-            out.append(f"select.budget={self.budget}")
+        key = METHODS[self.method].budget
+        if key is not None and self.budget is not None:
+            out.append(f"{key}={self.budget}")
         return out
 
 
@@ -46,19 +44,20 @@ def grid(methods: list[str], budgets: list[float], seeds: list[int]) -> list[Run
     """Every (method, budget, seed); budget-free methods once per seed. Seed-major order so
     an interrupted grid still holds whole seeds."""
     return [
-        RunSpec(m, None if m in BUDGETLESS else b, s)
+        RunSpec(m, b, s)
         for s in seeds
         for m in methods
-        for b in ([None] if m in BUDGETLESS else budgets)
+        for b in ([None] if METHODS[m].budget is None else budgets)
     ]
 
 
 def shared_times(cfg: Any) -> dict[str, float]:
     """Wall-clock of the once-per-dataset selection stages (0 when absent)."""
     out = {}
-    for stage, (folder, name) in SHARED_STAGES.items():
-        p = cfg.artifact(folder, name)
-        out[stage] = json.loads(p.read_text())["wall_clock_s"] if p.exists() else 0.0
+    for st in STAGES:
+        if st.selection:
+            p = st.metrics_path(cfg)
+            out[st.name] = json.loads(p.read_text())["wall_clock_s"] if p.exists() else 0.0
     return out
 
 
@@ -89,13 +88,9 @@ def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
     """Select, allocate, train (torchrun) and evaluate one run; return its result row.
     A finished run is reused only when its params and data digest match (the grid resumes
     after a crash; a changed param reruns the runs it affects)."""
-    from clusterft.allocation import run_allocate
-    from clusterft.config import load_config
-    from clusterft.distributed import launch
-    from clusterft.evaluate import run_evaluate
-    from clusterft.selection import run_select
-
     from clusterft.artifacts import atomic_write_text
+    from clusterft.config import load_config
+    from clusterft.distributed import launch_stage
 
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
@@ -105,12 +100,14 @@ def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
             import shutil
 
             shutil.rmtree(rdir)  # stale: made under other params (its checkpoints too)
-        run_select(cfg, spec.method, spec.name)
-        run_allocate(cfg, spec.method, spec.name)
-        sets = [a for o in [*overrides, *spec.overrides()] for a in ("--set", o)]
-        launch(cfg.train.nproc, ["train", "--params", params, "--method", spec.method, "--run-name", spec.name, *sets],
-               max_restarts=cfg.train.max_restarts)
-        run_evaluate(cfg, spec.method, spec.name)
+        for st in STAGES:
+            if st.per_method and st.workers:
+                launch_stage(cfg, st.name, params, [*overrides, *spec.overrides()], spec.method, spec.name)
+            elif st.per_method:
+                st.function(cfg, spec.method, spec.name)
+        from clusterft.tracking import run_params
+
+        atomic_write_text(rdir / "params.json", json.dumps(run_params(cfg), indent=1))
         atomic_write_text(rdir / "digest.txt", digest)
     return result_row(cfg, spec, rdir)
 
@@ -132,7 +129,7 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
     tr = json.loads((rdir / "train_metrics.json").read_text())
     ev = json.loads((rdir / "eval.json").read_text())
     shared = shared_times(cfg)
-    pre = sum(shared[s] for s in METHOD_NEEDS.get(spec.method, ()))
+    pre = sum(shared[s] for s in METHODS[spec.method].needs)
     trained = sum(tr.get("samples_trained_per_epoch") or [0])
     return {
         "run": spec.name, "method": spec.method, "budget": spec.budget, "seed": spec.seed,
@@ -287,16 +284,21 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
 def _track(cfg: Any, rows: list[dict], aggs: list[dict], artifacts: list[Path]) -> str:
     import mlflow
 
-    from clusterft.tracking import _numeric, tracking_uri
+    from clusterft.tracking import _adopt, _numeric, provenance, run_params, use_experiment
 
-    mlflow.set_tracking_uri(tracking_uri(cfg))
-    mlflow.set_experiment(cfg.tracking.experiment)
-    with mlflow.start_run(run_name="experiment") as parent:
-        mlflow.set_tag("clusterft.kind", "experiment")
+    use_experiment(cfg)
+    with mlflow.start_run(run_name="experiment", tags={"clusterft.kind": "experiment", **provenance()}) as parent:
+        mlflow.log_params(run_params(cfg))
         for r in rows:
-            with mlflow.start_run(run_name=r["run"], nested=True):
-                mlflow.log_params({k: r[k] for k in ("method", "budget", "seed")})
+            rdir = cfg.method_dir(r["method"], r["run"])
+            with mlflow.start_run(run_name=r["run"], nested=True) as child:
+                p = rdir / "params.json"  # the run's effective params, written by run_one
+                mlflow.log_params({**(json.loads(p.read_text()) if p.exists() else {}),
+                                   **{k: str(r[k]) for k in ("method", "budget", "seed")}})
                 mlflow.log_metrics(_numeric(r))
+                live = json.loads((rdir / "train_metrics.json").read_text()).get("mlflow_run_id")
+                if live:
+                    _adopt(live, child.info.run_id)
         for a in aggs:
             b = "full" if a["budget"] is None else f"{a['budget']:g}"
             mlflow.log_metrics({f"{a['method']}.b{b}.{k}": v for k, v in _numeric(a).items()})
@@ -309,21 +311,16 @@ def prepare_shared(cfg: Any) -> None:
     """Run the once-per-dataset stages the grid's methods need, unless already done under
     the same params and data (else all of them again)."""
     from clusterft.artifacts import atomic_write_text
-    from clusterft.stages import stage_functions
 
-    fns = stage_functions()
     digest = params_digest(cfg, SHARED_SECTIONS)
     stamp = cfg.artifact("shared_digest.txt")  # written once every shared stage is done
     stale = not _fresh(stamp, digest, stamp)
-    needed = {"prepare-model"} | {s for m in cfg.experiment.methods for s in METHOD_NEEDS.get(m, ())}
-    if cfg.data.source == "builtin":
+    needed = {"prepare-model"} | {s for m in cfg.experiment.methods for s in METHODS[m].needs}
+    if cfg.builtin_split("train"):
         needed.add("make-benchmark")
-    outputs = {"make-benchmark": Path(cfg.data.train), "prepare-model": cfg.artifact("model", "metrics.json"),
-               "warmup": cfg.artifact("warmup", "metrics.json"), "features": cfg.artifact("features", "metrics.json"),
-               "cluster": cfg.artifact("cluster", "metrics.json")}
-    for stage in ("make-benchmark", "prepare-model", "warmup", "features", "cluster"):
-        if stage in needed and (stale or not outputs[stage].exists()):
-            fns[stage](cfg)
+    for st in STAGES:
+        if st.name in needed and (stale or not st.metrics_path(cfg).exists()):
+            st.function(cfg)
     if cfg.experiment.zero_shot and (stale or not cfg.artifact("baseline", "eval.json").exists()):
         from clusterft.evaluate import run_zero_shot
 

@@ -24,7 +24,7 @@ class ModelError(ValueError):
 
 def base_model_dir(cfg: PipelineConfig) -> Path:
     """The user's model folder, or where the built-in model is built."""
-    return Path(cfg.model.path) if cfg.model.path else cfg.artifact("model", "base")
+    return Path(cfg.model.path)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
@@ -80,17 +80,13 @@ def prepare_builtin(cfg: PipelineConfig, texts: Iterable[str], out_dir: str | Pa
 
 
 def _check_model_dir(path: Path, mcfg: ModelConfig) -> None:
+    from clusterft.config import check_model_files
+
     if not path.is_dir():
         raise ModelError(f"{path}: model folder not found (model.path)")
-    if not (path / "config.json").exists() and not mcfg.gguf_file:
-        raise ModelError(f"{path}: no config.json; not a Hugging Face model folder")
-    if mcfg.gguf_file:
-        if not (path / mcfg.gguf_file).exists():
-            raise ModelError(f"{path / mcfg.gguf_file}: GGUF file not found (model.gguf_file)")
-        return
-    if not any(path.glob("*.safetensors")):
-        hint = " (only pickle-based *.bin found; convert to safetensors)" if any(path.glob("*.bin")) else ""
-        raise ModelError(f"{path}: no *.safetensors weights{hint}")
+    problem = check_model_files(path, mcfg.gguf_file)
+    if problem:
+        raise ModelError(problem)
 
 
 def load_tokenizer(path: str | Path, mcfg: ModelConfig | None = None) -> Any:
@@ -152,21 +148,27 @@ def load_with_adapter(base_dir: str | Path, adapter_dir: str | Path, mcfg: Model
 
 
 def run_prepare_model(cfg: PipelineConfig) -> dict:
-    """Stage `prepare-model`: build the built-in model, or check the user's model folder."""
+    """Stage `prepare-model`: build the built-in model where model.path points at it; with
+    your own model.path, check its tokenizer (weights are read by the stages that use them)
+    and leave a note in the built-in folder (a DVC output, so it must exist)."""
+    import shutil
     import time
 
-    from clusterft.artifacts import write_json
+    from clusterft.artifacts import atomic_write_text, ensure_dir, write_json
     from clusterft.data import load_examples
+    from clusterft.stages import builtin_model_path, stage
 
     start = time.perf_counter()
-    out = cfg.artifact("model")
-    if cfg.model.path:
-        model = load_model(cfg.model.path, cfg.model)
-        load_tokenizer(cfg.model.path, cfg.model)
-        info = {"n_params": sum(p.numel() for p in model.parameters()), "dir": cfg.model.path}
-    else:
+    out = builtin_model_path(cfg)
+    if cfg.builtin_model:
         texts = [f"{e.prompt} {e.response}" for e in load_examples(cfg, "train")]
-        info = prepare_builtin(cfg, texts, base_model_dir(cfg))
+        info = prepare_builtin(cfg, texts, out)
+    else:
+        load_tokenizer(cfg.model.path, cfg.model)
+        if out.exists():
+            shutil.rmtree(out)
+        atomic_write_text(ensure_dir(out) / "NOT_USED.txt", f"model.path is {cfg.model.path}\n")
+        info = {"dir": cfg.model.path, "builtin": False}
     info["wall_clock_s"] = time.perf_counter() - start
-    write_json(out / "metrics.json", info)
+    write_json(stage("prepare-model").metrics_path(cfg), info)
     return info

@@ -292,7 +292,9 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     n = len(ids)
     groups = duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples])
     s = cfg.select
-    if method in ("full", "infobatch"):  # infobatch prunes during training, not before
+    from clusterft.methods import METHODS
+
+    if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
         sel = select_full(n)
     elif method == "random":
         sel = select_random(n, s.budget, s.seed)

@@ -21,6 +21,7 @@ import torch
 
 from clusterft.allocation import AllocationPlan
 from clusterft.data import Encoded, collate, per_sample_loss
+from clusterft.methods import METHODS
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def train_on_plan(
     plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
     state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
     every `checkpoint_every` steps and every rank resumes from the last checkpoint.
-    `on_step(g)` is called after optimizer step g (1-based), e.g. to save snapshots."""
+    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking."""
     from contextlib import nullcontext
 
     source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
@@ -245,12 +246,13 @@ def train_on_plan(
             "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
             "step_s": time.perf_counter() - ts,
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "time": time.time(),  # wall clock (the MLflow curve's timestamps)
             "pid": os.getpid(),  # a resumed run's log holds the steps of more than one process
         }
         history.append(rec)
         g += 1
         if on_step is not None:
-            on_step(g)
+            on_step(g, rec)
         if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
             save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history)
         if rank == 0 and (g % log_every == 1 or g == total):
@@ -337,6 +339,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     from clusterft.artifacts import atomic_write_text, write_json
     from clusterft.data import encode_all, load_examples
     from clusterft.selection import read_selection
+    from clusterft.tracking import LiveTraining
 
     start = time.perf_counter()
     info = distributed.init_distributed()
@@ -355,16 +358,17 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     loop_start = time.perf_counter()
     source: Any = plan
-    if method == "infobatch":
+    if METHODS[method].allocation == "infobatch":
         from clusterft.infobatch import InfoBatchSource
 
         source = InfoBatchSource(len(encoded), info.world_size, cfg.train.per_device_batch, cfg.train.epochs,
                                  cfg.train.seed, info.rank, cfg.train.infobatch_prune)
+    live = LiveTraining(cfg, method, run or method, len(encoded)) if info.is_main and cfg.tracking.live else None
     history = train_on_plan(
         model, encoded, np.asarray(sel["weight"]), source, info.rank, tokenizer.pad_token_id,
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
         checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
-        world_size=info.world_size,
+        world_size=info.world_size, on_step=live.on_step if live else None,
     )
     loop_s = time.perf_counter() - loop_start
     per_rank = gather_rank_timings(history, info.world_size)
@@ -388,6 +392,8 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
             or [int(x) for x in plan.step_sizes().sum(1)],
             "wall_clock_s": time.perf_counter() - start,
         }
+        if live is not None:
+            metrics["mlflow_run_id"] = live.finish(metrics, mdir / "model")
         atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))
         shutil.rmtree(mdir / "checkpoint", ignore_errors=True)  # the run is complete
         write_json(mdir / "train_metrics.json", metrics)

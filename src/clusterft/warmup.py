@@ -119,7 +119,7 @@ def run_warmup(cfg: Any) -> dict:
     total = plan.epochs * plan.steps_per_epoch
     keep = set(snapshot_steps(total, w.snapshots)) if cfg.features.kind == "loss_traj" else set()
 
-    def snapshot(g: int) -> None:
+    def snapshot(g: int, rec: dict) -> None:
         if g in keep:
             model.save_pretrained(out / "snapshots" / f"step-{g:06d}", safe_serialization=True)
 
