@@ -4,11 +4,11 @@ built-in benchmark, then your own model folder and data files with no edit to dv
 import json
 import shutil
 
-from tests.conftest import tiny_params, write_params
-from tests.helpers.dvc_project import dvc, make_project, ran
+from tests.conftest import tiny_params
+from tests.helpers.dvc_project import commit, dvc, make_project, ran
 
 
-def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
+def test_dvc_repro_end_to_end_cache_then_exp_run_reruns_only_what_changed(tmp_path):
     root = tmp_path / "proj"
     params = tiny_params(root, relative=True)
     make_project(root, params)
@@ -23,13 +23,23 @@ def test_dvc_repro_end_to_end_cache_and_partial_rerun(tmp_path):
     assert ran(again) == set()
     assert "Data and pipelines are up to date" in dvc(root, "status", "dvc.yaml")
 
-    params["select"]["budget"] = 0.3
-    write_params(root, params)
-    third = ran(dvc(root, "repro"))
-    assert {"select@cluster", "allocate@cluster", "train@cluster", "evaluate@cluster", "compare"} <= third
-    assert not third & {"make-benchmark", "prepare-model", "warmup", "features", "cluster", "train@full"}
+    commit(root)  # the metrics JSON are visible to git (.gitignore), so the baseline holds them
+    rerun = ran(dvc(root, "exp", "run", "-S", "select.budget=0.3"))
+    assert {"select@cluster", "allocate@cluster", "train@cluster", "evaluate@cluster", "compare"} <= rerun
+    assert not rerun & {"make-benchmark", "prepare-model", "warmup", "features", "cluster", "train@full"}
     sel = (root / "artifacts/methods/cluster/selection.jsonl").read_text().splitlines()
     assert len(sel) == 0.3 * params["benchmark"]["n_train"]
+    shown = json.loads(dvc(root, "exp", "show", "--json"))
+    exps = [r for e in shown for x in (e.get("experiments") or []) for r in x["revs"]]
+    assert len(exps) == 1
+    data = exps[0]["data"]
+    assert data["params"]["params.yaml"]["data"]["select"]["budget"] == 0.3
+    metrics = data["metrics"]
+    assert metrics["artifacts/methods/cluster/select_metrics.json"]["data"]["kept_fraction"] == 0.3
+    assert "macro_exact_match" in metrics["artifacts/methods/cluster/eval.json"]["data"]
+    assert {"full", "cluster"} <= set(metrics["artifacts/report/compare.json"]["data"]["by_method"])
+    baseline = next(e for e in shown if e["rev"] != "workspace")["data"]["metrics"]
+    assert baseline["artifacts/methods/cluster/select_metrics.json"]["data"]["kept_fraction"] == 0.5
 
 
 def test_dvc_repro_with_your_own_model_folder_and_data_files(tmp_path, tiny_model_dir):
@@ -58,8 +68,10 @@ def test_dvc_repro_with_your_own_model_folder_and_data_files(tmp_path, tiny_mode
     lock = (root / "dvc.lock").read_text()
     assert str(model) in lock and "data/train.jsonl" in lock  # both are tracked dependencies
 
-    with open(root / "data/train.jsonl", "a") as f:  # the user's data changes: selection follows
+    status = json.loads(dvc(root, "status", "--json", "dvc.yaml"))
+    assert status == {}
+    with open(root / "data/train.jsonl", "a") as f:  # the user's data changes ...
         f.write(json.dumps({**splits["train"][0], "id": "mine-1", "output": "changed"}) + "\n")
-    assert {"warmup", "features", "select@cluster"} <= ran(dvc(root, "repro"))
-    (model / "tokenizer_config.json").write_text((model / "tokenizer_config.json").read_text() + "\n")
-    assert {"warmup", "train@cluster"} <= ran(dvc(root, "repro"))  # so does the model folder's
+    (model / "tokenizer_config.json").write_text((model / "tokenizer_config.json").read_text() + "\n")  # ... and model
+    changed = json.loads(dvc(root, "status", "--json", "dvc.yaml"))["warmup"][0]["changed deps"]
+    assert changed == {"data/train.jsonl": "modified", str(model): "modified"}  # what `dvc repro` reruns from

@@ -23,7 +23,7 @@ def test_prefect_flows_reproduce_the_dvc_stages(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
     root = tmp_path / "proj"
     p = tiny_params(root, relative=True)
-    p["experiment"] = {"methods": ["full", "random"], "budgets": [0.5], "seeds": [3], "zero_shot": False}
+    p["experiment"] = {"methods": ["random"], "budgets": [0.5], "seeds": [3], "zero_shot": False}
     make_project(root, p)
     with prefect_test_harness(server_startup_timeout=120):
         state = pipeline(str(root), return_state=True)
@@ -50,7 +50,7 @@ def test_prefect_flows_reproduce_the_dvc_stages(tmp_path, monkeypatch):
     assert "| cluster |" in summary["markdown"] and {"clusterft-compare", "clusterft-experiment"} <= arts
     assert exp_state.is_completed(), exp_state
     aggs = {(a["method"], a["budget"]) for a in exp_state.result()["aggregate"]}
-    assert aggs == {("full", None), ("random", 0.5)}
+    assert aggs == {("random", 0.5)}
     assert bad.is_failed() and tries == [1], tries
     exc = bad.result(raise_on_failure=False)
     assert isinstance(exc, StageFailed) and exc.deterministic and "test.jsonl" in str(exc)

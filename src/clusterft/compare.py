@@ -86,6 +86,8 @@ def run_compare(cfg: Any, track: bool = True) -> dict[str, Any]:
         from clusterft.tracking import log_pipeline
 
         summary["mlflow_run_id"] = log_pipeline(cfg, collected, rows, [out / "compare.md"])
-    write_json(out / "compare.json", {"rows": rows})
+    write_json(out / "compare.json", {"rows": rows,  # by_method: numbers `dvc metrics` / `dvc exp show` list
+                                      "by_method": {r["method"]: {k: v for k, v in r.items() if k != "method"}
+                                                    for r in rows}})
     print(table)
     return summary

@@ -25,10 +25,17 @@ def make_project(root: Path, params: dict) -> Path:
     shutil.copy(REPO / "experiments" / "dvc.yaml", root / "experiments")
     shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     write_params(root, params)
-    (root / ".gitignore").write_text("artifacts/\nmlflow.db\n.prefect/\n")
+    shutil.copy(REPO / ".gitignore", root)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     dvc(root, "init", "-q")
     return root
+
+
+def commit(root: Path, message: str = "baseline") -> None:
+    """A git commit of the project, as `dvc exp` needs a baseline."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
 
 
 def dvc(root: Path, *args: str, ok: bool = True) -> str:
