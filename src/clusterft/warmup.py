@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from clusterft.allocation import build_plan
-from clusterft.train import train_on_plan
+from clusterft.train_loop import train_on_plan
 
 
 def state_dir(cfg: Any) -> Path:

@@ -14,7 +14,7 @@ from clusterft import distributed
 from clusterft.allocation import AllocationPlan
 from clusterft.data import collate
 from clusterft.model import load_model
-from clusterft.train import sync_gradients, weighted_loss
+from clusterft.train_loop import sync_gradients, weighted_loss
 from tests.helpers.grad_case import CASE_PLAN, CASE_WEIGHTS, case_samples
 
 

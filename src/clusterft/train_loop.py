@@ -1,0 +1,227 @@
+"""The weighted data-parallel training loop that follows an allocation plan.
+
+Each step, rank r trains the plan's samples for (epoch, step, r). Its loss is
+(world / B_step) * sum_i w_i * l_i, with l_i the mean response-token loss of sample i and
+B_step the number of samples in the whole global step, so the gradient average equals the
+weighted mean over the global step even when ranks hold different sample counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterft.allocation import AllocationPlan
+from clusterft.checkpoint import load_checkpoint, run_digest, save_checkpoint
+from clusterft.data import Encoded, collate, per_sample_loss
+
+log = logging.getLogger(__name__)
+
+
+def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale * sum_i w_i l_i, per-sample losses l [B])."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    losses = per_sample_loss(out.logits, batch["labels"])
+    return scale * (weights * losses).sum(), losses.detach()
+
+
+def cosine_schedule(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
+    """Linear warmup then cosine decay to 10% of the peak learning rate."""
+    warm = max(1, int(round(warmup_ratio * total_steps)))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, total_steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def sync_gradients(params: list[torch.nn.Parameter], world_size: int, extra: torch.Tensor) -> torch.Tensor:
+    """All-reduce-mean the gradients (one flat buffer) plus `extra` scalars; returns the
+    reduced extras. Time spent here = communication + waiting for the slowest rank."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [extra.reshape(-1)])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        if p.grad is None:
+            p.grad = g
+        p.grad.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+    return flat[offset:] * world_size
+
+
+class PlanSource:
+    """A static allocation plan seen as a batch source for one rank (rescale is 1)."""
+
+    needs_losses = False
+
+    def __init__(self, plan: AllocationPlan, rank: int):
+        self.plan, self.rank = plan, rank
+        self.total_steps = plan.epochs * plan.steps_per_epoch
+        self._sizes = plan.step_sizes()
+
+    def batches(self, start_epoch: int = 0, resumed: bool = False):
+        for e, s, idx in self.plan.rank_batches(self.rank):
+            if e >= start_epoch:
+                yield e, s, idx, int(self._sizes[e, s]), np.ones(len(idx))
+
+    def observe(self, idx: np.ndarray, losses: np.ndarray) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def train_on_plan(
+    model: Any,
+    encoded: list[Encoded],
+    weights: np.ndarray,
+    plan: AllocationPlan | Any,
+    rank: int,
+    pad_id: int,
+    lr: float,
+    warmup_ratio: float = 0.05,
+    weight_decay: float = 0.0,
+    log_every: int = 20,
+    device: torch.device | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 0,
+    world_size: int | None = None,
+    on_step: Any = None,
+) -> list[dict]:
+    """Train this rank's share of a plan (or of a dynamic source such as InfoBatch);
+    return step records (loss, times).
+
+    With several ranks, forward/backward run under DDP's no_sync and the gradients are
+    then all-reduced explicitly, so each step's compute time and sync time (communication
+    plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
+    state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
+    every `checkpoint_every` steps and every rank resumes from the last checkpoint.
+    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking."""
+    from contextlib import nullcontext
+
+    source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
+    world = world_size or plan.world_size
+    device = device or torch.device("cpu")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    total = source.total_steps
+    sched = cosine_schedule(opt, total, warmup_ratio)
+    w_all = torch.tensor(weights, dtype=torch.float32)
+    n = len(weights)
+    distributed = world > 1
+    history: list[dict] = []
+    position = (0, 0)  # (epoch, step in epoch) to resume at
+    digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
+                        weight_decay)
+    if checkpoint_dir is not None:
+        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest)
+    model.train()
+    t0 = time.perf_counter()
+    g = len(history)
+    for epoch, step, idx, step_size, rescale in source.batches(position[0], resumed=bool(history)):
+        if epoch == position[0] and step < position[1]:
+            continue
+        ts = time.perf_counter()
+        batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+        scale = world / float(step_size)
+        w = w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)
+        opt.zero_grad(set_to_none=True)
+        with model.no_sync() if distributed else nullcontext():
+            loss, losses = weighted_loss(model, batch, w.to(device), scale)
+            loss.backward()
+        compute_s = time.perf_counter() - ts
+        extras = [loss.detach().reshape(1) / scale]  # this rank's sum of w_i l_i
+        if source.needs_losses:
+            seen = torch.zeros(2 * n)
+            seen[torch.as_tensor(idx)] = losses.cpu()
+            seen[n + torch.as_tensor(idx)] = 1.0
+            extras.append(seen.to(device))
+        extra = torch.cat(extras)
+        if distributed:
+            extra = sync_gradients(params, world, extra)
+        sync_s = time.perf_counter() - ts - compute_s
+        if source.needs_losses:
+            got = extra[1:].cpu().numpy()
+            mask = got[n:] > 0
+            source.observe(np.flatnonzero(mask), got[:n][mask])
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        rec = {
+            "step": g, "epoch": epoch, "loss": float(losses.mean()),
+            "weighted_loss": float(extra[0]) / float(step_size),
+            "lr": sched.get_last_lr()[0], "samples": int(len(idx)),
+            "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
+            "step_s": time.perf_counter() - ts,
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "time": time.time(),  # wall clock (the MLflow curve's timestamps)
+            "pid": os.getpid(),  # a resumed run's log holds the steps of more than one process
+        }
+        history.append(rec)
+        g += 1
+        if on_step is not None:
+            on_step(g, rec)
+        if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
+            save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history)
+        if rank == 0 and (g % log_every == 1 or g == total):
+            el = time.perf_counter() - t0
+            log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, total,
+                     rec["weighted_loss"], rec["lr"], 1000 * el / max(1, len(history)))
+    return history
+
+
+def plan_stub(source: Any) -> AllocationPlan:
+    """Identity stand-in for a dynamic source (its seed and shape define its batches)."""
+    return AllocationPlan(np.array([[source.n, source.world, source.batch, source.epochs, source.seed]]),
+                          source.world, source.epochs, 0)
+
+
+def gather_rank_timings(history: list[dict], world_size: int) -> list[dict]:
+    """Per step, every rank's compute/sync seconds and tokens (lists indexed by rank)."""
+    import torch.distributed as dist
+
+    mine = [(h["compute_s"], h["sync_s"], h["tokens"]) for h in history]
+    ranks = [mine]
+    if world_size > 1:
+        ranks = [None] * world_size
+        dist.all_gather_object(ranks, mine)
+    return [
+        {"rank_compute_s": [r[i][0] for r in ranks], "rank_sync_s": [r[i][1] for r in ranks],
+         "rank_tokens": [r[i][2] for r in ranks]}
+        for i in range(len(history))
+    ]
+
+
+def wait_summary(history: list[dict]) -> dict[str, float]:
+    """Totals over the run: compute and sync seconds per rank, and the straggler cost
+    (sum over steps of the slowest rank's compute minus the mean rank's compute)."""
+    comp = np.array([h["rank_compute_s"] for h in history])
+    sync = np.array([h["rank_sync_s"] for h in history])
+    tokens = np.array([h["rank_tokens"] for h in history], dtype=float)
+    return {
+        "compute_s_per_rank": comp.sum(0).round(3).tolist(),
+        "sync_s_per_rank": sync.sum(0).round(3).tolist(),
+        "sync_fraction": float(sync.sum() / max(1e-9, comp.sum() + sync.sum())),
+        "straggler_s": float((comp.max(1) - comp.mean(1)).sum()),
+        "token_imbalance_mean": float((tokens.max(1) / np.maximum(1, tokens.mean(1))).mean()),
+    }
