@@ -76,7 +76,24 @@ CASES = [
     ("unknown-test-skill", lambda r: _test_data(r, b'{"instruction": "x", "output": "y", "skill": "juggling"}\n'),
      [":1:", "skill 'juggling'", "does not occur in"]),
     ("stale-features", lambda r: _stale(r), ["labels.npy", "rerun features and cluster"]),
+    # refused before torchrun starts: a restart would fail the same way on every rank
+    ("train-plan-other-world-size", lambda r: _plan_for_two(r), ["plan is for 2 workers but training runs 3"]),
+    ("train-without-plan", lambda r: _edit(r, lambda p: None, "train", "--method", "random"),
+     ["no allocation plan", "clusterft allocate"]),
+    ("run-name-outside-artifacts", lambda r: _edit(r, lambda p: None, "select", "--method", "full",
+                                                   "--run-name", "../../x"), ["run name", "no path"]),
+    ("unknown-method", lambda r: _edit(r, lambda p: None, "select", "--method", "oracle"),
+     ["method 'oracle'", "known: full"]),
+    ("lr-negative", lambda r: _raw_params(r, "train:\n  lr: -0.1\n"), ["train.lr", "must be in (0, inf]"]),
+    ("log-every-zero", lambda r: _raw_params(r, "train:\n  log_every: 0\n"), ["train.log_every"]),
+    ("timeout-too-short", lambda r: _raw_params(r, "train:\n  timeout_s: 1\n"), ["train.timeout_s"]),
 ]
+
+
+def _plan_for_two(root):
+    argv = _edit(root, lambda p: None, "allocate", "--method", "full", pre=("select", "--method", "full"))
+    assert main(argv) == 0
+    return _edit(root, lambda p: p["train"].update(nproc=3), "train", "--method", "full")
 
 
 def _case_dir(root, name):

@@ -14,7 +14,12 @@ def test_compare_table_has_every_method_with_times_and_saving(tiny_run):
     assert abs(clu["saving_vs_full_pct"] - 100 * (1 - clu["end_to_end_s"] / full["end_to_end_s"])) < 1e-9
     assert clu["kept_fraction"] == cfg.select.budget
     md = cfg.artifact("report", "compare.md").read_text()
-    assert "| full |" in md and "| cluster |" in md and "saving vs full" in md
+    assert "| full |" in md and "| cluster |" in md and "saving vs full" in md and "| truncated |" in md
+    tm = json.loads(cfg.artifact("methods", "cluster", "train_metrics.json").read_text())
+    assert tm["truncation"]["n"] == round(cfg.select.budget * 240)  # counted over what was trained
+    assert clu["truncated_fraction"] == tm["truncation"]["truncated_fraction"]
+    ev = json.loads(cfg.artifact("methods", "cluster", "eval.json").read_text())
+    assert set(ev["truncation"]) == {"test", "validation"} and ev["truncation"]["validation"]["n"] == 24
 
 
 def test_mlflow_holds_parent_and_nested_stage_runs_with_wall_clock(tiny_run):

@@ -98,6 +98,21 @@ def test_truncation_keeps_response_and_is_counted(tokenizer, tmp_path):
     assert sum(l != IGNORE_INDEX for l in enc.labels) == 1
 
 
+def test_truncation_report_counts_and_warns_above_five_percent(tokenizer, tmp_path, caplog):
+    from clusterft.data import encode_all, truncation_report
+
+    recs = [{"instruction": "copy " * 30, "input": "a", "output": "a"}] + [
+        {"instruction": "copy", "input": f"{i}", "output": "x"} for i in range(9)]
+    enc = encode_all(load_jsonl(write(tmp_path, recs), T), tokenizer, 40)
+    with caplog.at_level("WARNING"):
+        rep = truncation_report(enc, "train", 40)
+    assert rep["n"] == 10 and rep["n_truncated"] == 1 and rep["truncated_fraction"] == 0.1
+    assert "1 of 10 samples (10%) are longer than data.max_length=40" in caplog.text
+    caplog.clear()
+    truncation_report(enc[1:], "train", 40)
+    assert caplog.text == ""
+
+
 def test_per_sample_loss_ignores_prompt_and_padding(tokenizer, tmp_path):
     import torch
 

@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param, e.g. --set select.budget=0.3")
         if st.per_method:
-            sp.add_argument("--method", required=True, choices=list(METHODS), help="selection method")
-            sp.add_argument("--run-name", dest="run", default=None, type=run_name,
+            sp.add_argument("--method", required=True, help=f"selection method: {', '.join(METHODS)}")
+            sp.add_argument("--run-name", dest="run", default=None,
                             help="named run folder (experiments/<name>) instead of methods/<method>")
         if st.name == "experiment":
             sp.add_argument("--report-only", action="store_true",
@@ -37,15 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Generate the DVC files from src/clusterft/stages.py.")
     sp.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
     return p
-
-
-def run_name(text: str) -> str:
-    from clusterft.config import ConfigError, check_run_name
-
-    try:
-        return check_run_name(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def print_params() -> None:
@@ -100,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             run_experiment(args.params, args.overrides, report_only=args.report_only)
             return 0
         st = BY_NAME[args.command]
+        if st.per_method:
+            cfg.method_dir(args.method, args.run)  # an unknown method or a path as run name: refused now
         workers = cfg.value(st.workers) if st.workers else 1
         if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
             from clusterft.distributed import launch_stage

@@ -40,6 +40,7 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
             row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))
         row["end_to_end_s"] = sum(row[f"{s}_s"] for s in (*SHARED_STAGES, "select", "allocate", "train"))
         row["kept_fraction"] = st.get("select", {}).get("kept_fraction", float("nan"))
+        row["truncated_fraction"] = st.get("train", {}).get("truncation", {}).get("truncated_fraction", float("nan"))
         ev = st.get("evaluate", {})
         row["macro_em"] = ev.get("macro_exact_match", float("nan"))
         row["worst_skill_em"] = ev.get("worst_skill_exact_match", float("nan"))
@@ -59,7 +60,8 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = ("| method | kept | warmup s | features s | cluster s | select s | allocate s | train s "
-            "| end-to-end s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss |")
+            "| end-to-end s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss "
+            "| truncated |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
@@ -67,7 +69,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['cluster_s']:.1f} | {r['select_s']:.1f} | {r['allocate_s']:.1f} | {r['train_s']:.1f} "
             f"| {r['end_to_end_s']:.1f} | {r['saving_vs_full_pct']:.1f}% | {r['macro_em']:.3f} "
             f"| {r['macro_em_delta_pts']:+.1f} | {r['worst_skill_em']:.3f} ({r['worst_skill']}) "
-            f"| {r['heldout_loss']:.4f} |"
+            f"| {r['heldout_loss']:.4f} | {r['truncated_fraction']:.1%} |"
         )
     return "\n".join(lines) + "\n"
 

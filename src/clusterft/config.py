@@ -164,6 +164,8 @@ class TrainConfig:
     log_every: int = _f(20, "steps between progress lines")
     checkpoint_every: int = _f(200, "steps between resumable checkpoints (0 = off)")
     max_restarts: int = _f(1, "torchrun restarts after a worker dies (each resumes the checkpoint)")
+    timeout_s: int = _f(600, "seconds a collective (or the process group's start) may wait for the other "
+                        "ranks before the run fails instead of hanging")
     infobatch_prune: float = _f(0.5, "infobatch: fraction of below-mean-loss samples skipped per epoch")
 
 
@@ -491,7 +493,7 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
     "warmup.lr": (0, None, (False, True)), "train.lr": (0, None, (False, True)),
     "train.warmup_ratio": (0, 1, (True, False)), "train.weight_decay": (0, None, (True, True)),
     "train.log_every": (1, None, (True, True)), "train.checkpoint_every": (0, None, (True, True)),
-    "train.max_restarts": (0, None, (True, True)), "train.infobatch_prune": (0, 1, (True, False)),
+    "train.max_restarts": (0, None, (True, True)), "train.timeout_s": (10, None, (True, True)), "train.infobatch_prune": (0, 1, (True, False)),
     "select.alpha": (0, None, (True, True)), "select.tau": (0, None, (True, True)),
     "select.paper_ratio": (0, 1, (False, True)), "lora.r": (1, None, (True, True)),
     "lora.alpha": (0, None, (False, True)), "lora.dropout": (0, 1, (True, False)),

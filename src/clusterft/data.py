@@ -219,16 +219,29 @@ def encode_all(examples: Iterable[Example], tokenizer: Any, max_length: int) -> 
     return [encode(e, tokenizer, max_length) for e in examples]
 
 
-def truncation_report(encoded: list[Encoded]) -> dict[str, Any]:
+TRUNCATION_WARN = 0.05  # warn when more than this fraction of a split is cut at data.max_length
+
+
+def truncation_report(encoded: list[Encoded], split: str = "", max_length: int | None = None) -> dict[str, Any]:
+    """How many samples were longer than max_length and cut; a warning above TRUNCATION_WARN
+    (cut samples train and score on partial text)."""
+    import logging
+
     n = sum(e.truncated for e in encoded)
     lengths = [e.n_tokens for e in encoded]
-    return {
+    report = {
         "n": len(encoded),
         "n_truncated": n,
         "truncated_fraction": n / max(1, len(encoded)),
         "mean_tokens": sum(lengths) / max(1, len(lengths)),
         "max_tokens": max(lengths, default=0),
     }
+    if report["truncated_fraction"] > TRUNCATION_WARN:
+        logging.getLogger(__name__).warning(
+            "%s: %d of %d samples (%.0f%%) are longer than data.max_length=%s tokens and were truncated; "
+            "raise data.max_length", split or "data", n, len(encoded), 100 * report["truncated_fraction"],
+            max_length)
+    return report
 
 
 def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:

@@ -79,10 +79,13 @@ def stage_argv(name: str, params: str, overrides: list[str], method: str | None 
 
 def launch_stage(cfg: Any, name: str, params: str, overrides: list[str], method: str | None = None,
                  run: str | None = None) -> None:
-    """Run a stage under torchrun with the worker count and restarts its STAGES entry names."""
+    """Run a stage under torchrun with the worker count and restarts its STAGES entry names,
+    after its preflight check (a bad input fails here, once, not on every rank and restart)."""
     from clusterft.stages import stage
 
     st = stage(name)
+    if st.check is not None:
+        st.check(cfg, method, run) if st.per_method else st.check(cfg)
     launch(cfg.value(st.workers) if st.workers else 1, stage_argv(name, params, overrides, method, run),
            max_restarts=cfg.value(st.restarts) if st.restarts else 0)
 

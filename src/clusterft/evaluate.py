@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterft.data import Example, collate, encode_all, per_sample_loss
+from clusterft.data import Example, collate, encode_all, per_sample_loss, truncation_report
 
 
 def normalise_answer(text: str) -> str:
@@ -112,9 +112,12 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
                                    e.max_new_tokens)
         return exact_match(scored, answers), scored, answers
 
-    em, scored, answers = score(validation if split == "validation" else load_examples(cfg, split, render),
-                                getattr(cfg.data, split))
+    examples = validation if split == "validation" else load_examples(cfg, split, render)
+    em, scored, answers = score(examples, getattr(cfg.data, split))
     metrics = {"split": split, "n_scored": len(scored), **em}
+    metrics["truncation"] = {s: truncation_report(encode_all(xs, tokenizer, cfg.data.max_length), s,
+                                                  cfg.data.max_length)
+                             for s, xs in {split: examples, "validation": validation}.items()}
     if split == "test" and e.also_validation and any(x.scored for x in validation):
         metrics["validation"] = score(validation, cfg.data.validation)[0]
     metrics.update(heldout_loss(model, tokenizer, validation, cfg.data.max_length, e.batch_size))

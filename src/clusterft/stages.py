@@ -24,6 +24,8 @@ class Stage:
     per_method: bool = False         # one instance per method of select.methods (DVC foreach)
     workers: str | None = None       # param giving torchrun's nproc; None = one process
     restarts: str | None = None      # param giving torchrun's --max-restarts after a worker dies
+    preflight: str | None = None     # "module:function" run once before torchrun: input errors that
+                                     # would repeat on every rank and restart are refused up front
     selection: bool = False          # once-per-dataset selection stage (timed into the methods that need it)
     deps: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
@@ -35,8 +37,11 @@ class Stage:
 
     @property
     def function(self) -> Callable[..., Any]:
-        module, name = self.func.split(":")
-        return getattr(importlib.import_module(f"clusterft.{module}"), name)
+        return _load(self.func)
+
+    @property
+    def check(self) -> Callable[..., Any] | None:
+        return _load(self.preflight) if self.preflight else None
 
     def path(self, cfg: Any, template: str, method: str | None = None, run: str | None = None) -> Path:
         """A declared path resolved for `cfg` (and a method's folder)."""
@@ -92,7 +97,7 @@ STAGES: tuple[Stage, ...] = (
           outs=("{run}/plan.npy", "{run}/plan.json"), metrics=("{run}/allocate_metrics.json",),
           plots=("{run}/plots/allocation.png",)),
     Stage("train", "train:run_train", "weighted data-parallel fine-tuning (torchrun)", per_method=True,
-          workers="train.nproc", restarts="train.max_restarts",
+          workers="train.nproc", restarts="train.max_restarts", preflight="train:check_train_inputs",
           deps=(f"{SRC}/train.py", f"{SRC}/train_loop.py", f"{SRC}/checkpoint.py", "${data.train}",
                 "${model.path}", "{run}/selection.jsonl", "{run}/plan.npy"),
           params=("train", "lora", "data.max_length"), outs=("{run}/model",), uncached=("{run}/train_log.jsonl",),
@@ -136,6 +141,11 @@ def builtin_model_path(cfg: Any) -> Path:
 def stage_functions() -> dict[str, Callable[..., Any]]:
     """name -> library function (imported on use, so `clusterft --help` stays fast)."""
     return {s.name: s.function for s in STAGES}
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(f"clusterft.{module}"), name)
 
 
 def _resolve_params(text: str, cfg: Any) -> str:

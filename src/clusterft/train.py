@@ -46,6 +46,33 @@ def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
+def check_plan(mdir: Path, world_size: int) -> Any:
+    """The method folder's plan, refused (AllocationError) when it is missing or was built for
+    another number of workers."""
+    from clusterft.allocation import AllocationError, load_plan
+
+    if not (mdir / "plan.npy").exists():
+        raise AllocationError(f"{mdir / 'plan.npy'}: no allocation plan; run `clusterft allocate` first")
+    plan = load_plan(mdir)
+    if plan.world_size != world_size:
+        raise AllocationError(
+            f"{mdir / 'plan.npy'}: plan is for {plan.world_size} workers but training runs "
+            f"{world_size}; rerun `clusterft allocate` with train.nproc={world_size}")
+    return plan
+
+
+def check_train_inputs(cfg: Any, method: str, run: str | None = None) -> None:
+    """What would fail the same way on every rank and every restart (bad data, a missing or
+    mismatched plan), checked once before torchrun starts: refused, never retried."""
+    from clusterft.data import load_examples
+    from clusterft.selection import read_selection
+
+    mdir = cfg.method_dir(method, run)
+    check_plan(mdir, cfg.train.nproc)
+    read_selection(mdir / "selection.jsonl")
+    load_examples(cfg, "train")
+
+
 def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     """Stage `train`: follows methods/<m>/plan.npy; writes model/, train_metrics.json."""
     import shutil
@@ -53,25 +80,20 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from clusterft import distributed
-    from clusterft.allocation import load_plan
     from clusterft.artifacts import atomic_write_text, write_json
-    from clusterft.data import encode_all, load_examples
+    from clusterft.data import encode_all, load_examples, truncation_report
     from clusterft.selection import read_selection
     from clusterft.tracking import LiveTraining
 
     start = time.perf_counter()
-    info = distributed.init_distributed()
+    info = distributed.init_distributed(timeout_s=cfg.train.timeout_s)
     mdir = cfg.method_dir(method, run)
-    plan = load_plan(mdir)
-    if plan.world_size != info.world_size:
-        raise RuntimeError(
-            f"{mdir / 'plan.npy'}: plan is for {plan.world_size} workers but torchrun started "
-            f"{info.world_size}; rerun `clusterft allocate` with train.nproc={info.world_size}"
-        )
+    plan = check_plan(mdir, info.world_size)
     sel = read_selection(mdir / "selection.jsonl")
     examples = load_examples(cfg, "train")
     model, tokenizer = _build_model(cfg, info)
     encoded = encode_all([examples[r] for r in sel["row"]], tokenizer, cfg.data.max_length)
+    truncation = truncation_report(encoded, "train (selected)", cfg.data.max_length) if info.is_main else {}
     if info.world_size > 1:
         model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
     loop_start = time.perf_counter()
@@ -105,6 +127,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
             "samples_seen_rank0": sum(h["samples"] for h in history),
             "train_loop_s": loop_s,
             "final_loss": float(np.mean([h["weighted_loss"] for h in tail])),
+            "truncation": truncation,
             **wait_summary(history),
             "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)
             or [int(x) for x in plan.step_sizes().sum(1)],
