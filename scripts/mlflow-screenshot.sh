@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's MLflow screenshot: serve the project's MLflow store on 127.0.0.1, open the
-# comparison of the full-data and cluster training runs of the last pipeline run in a
-# headless Chromium (Debian package `chromium`), save docs/mlflow-compare.png.
+# weighted-loss curves of the last full-data and cluster training runs against time since
+# each run started, in a headless Chromium (Debian package `chromium`); save
+# docs/mlflow-compare.png.
 #   bash scripts/mlflow-screenshot.sh [STORE_URI]      (after `bash scripts/pipeline.sh`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +23,12 @@ pick = {}
 for r in runs:
     pick.setdefault(r.data.tags.get("clusterft.method"), r.info.run_id)
 ids = [pick[m] for m in ("full", "cluster")]
-print(f"#/compare-runs?runs={json.dumps(ids, separators=(',', ':'))}"
-      f"&experiments={json.dumps([exp.experiment_id], separators=(',', ':'))}")
+q = lambda x: json.dumps(x, separators=(",", ":"))  # noqa: E731
+print(f"#/metric?runs={q(ids)}&metric={q('weighted_loss')}&experiments={q([exp.experiment_id])}"
+      f"&plot_metric_keys={q(['weighted_loss'])}&plot_layout={{}}&x_axis=relative&y_axis_scale=log"
+      "&line_smoothness=1&show_point=false&deselected_curves=[]&last_linear_y_axis_range=[]&workflowType=machine_learning")
 PY
 )
-chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1300 \
+chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=2000,1000 \
   --virtual-time-budget=25000 --screenshot=docs/mlflow-compare.png "http://127.0.0.1:$PORT/$URL"
 echo "docs/mlflow-compare.png: http://127.0.0.1:$PORT/$URL"
