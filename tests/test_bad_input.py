@@ -86,8 +86,19 @@ CASES = [
      ["method 'oracle'", "known: full"]),
     ("lr-negative", lambda r: _raw_params(r, "train:\n  lr: -0.1\n"), ["train.lr", "must be in (0, inf]"]),
     ("log-every-zero", lambda r: _raw_params(r, "train:\n  log_every: 0\n"), ["train.log_every"]),
+    ("features-from-other-data", lambda r: _features_from_other_data(r),
+     ["features were computed from another version of", "rerun warmup, features and cluster"]),
     ("timeout-too-short", lambda r: _raw_params(r, "train:\n  timeout_s: 1\n"), ["train.timeout_s"]),
 ]
+
+
+def _features_from_other_data(root):
+    """Features and clusters of the same size, recorded as made from another train file."""
+    d = _case_dir(root, "other-data")
+    shutil.copytree(root / "artifacts/features", d / "art/features", dirs_exist_ok=True)
+    shutil.copytree(root / "artifacts/cluster", d / "art/cluster", dirs_exist_ok=True)
+    (d / "art/features/manifest.json").write_text(json.dumps({"data_digest": "0" * 40}))
+    return _edit(root, lambda p: p["paths"].update(artifacts=str(d / "art")), "select", "--method", "cluster")
 
 
 def _plan_for_two(root):

@@ -3,6 +3,8 @@ every (method, budget) with its seed spread, and a rerun reuses finished runs.""
 
 import json
 
+import pytest
+
 from clusterft.experiment import RunSpec, aggregate, at_equal_time, equal_time_markdown, grid, run_experiment
 from tests.conftest import tiny_params, write_params
 
@@ -48,7 +50,17 @@ def test_tiny_experiment_end_to_end(tmp_path):
     assert {r["run"] for r in res["runs"]} == {"full-s0", "cluster-b0.5-s0", "infobatch-s0"}
     aggs = {a["method"]: a for a in summary["aggregate"]}
     assert aggs["cluster"]["kept_fraction"] == 0.5 and aggs["cluster"]["seeds"] == 1
-    assert aggs["cluster"]["selection_s"] > aggs["full"]["selection_s"] > 0
+    art = tmp_path / "artifacts"
+
+    def secs(*files):
+        return sum(json.loads((art / f).read_text())["wall_clock_s"] for f in files)
+
+    shared = secs("warmup/metrics.json", "features/metrics.json", "cluster/metrics.json")
+    own = {r: secs(f"experiments/{r}/select_metrics.json", f"experiments/{r}/allocate_metrics.json")
+           for r in ("full-s0", "cluster-b0.5-s0")}
+    runs = {r["run"]: r for r in res["runs"]}  # cluster pays the shared selection stages, full does not
+    assert runs["cluster-b0.5-s0"]["selection_s"] == pytest.approx(shared + own["cluster-b0.5-s0"])
+    assert runs["full-s0"]["selection_s"] == pytest.approx(own["full-s0"]) and shared > 0
     assert aggs["full"]["trained_fraction"] == 1.0 and aggs["cluster"]["trained_fraction"] == 0.5
     assert (tmp_path / "artifacts/experiments/report.png").stat().st_size > 1000
     md = (tmp_path / "artifacts/experiments/report.md").read_text()

@@ -36,6 +36,8 @@ def test_proxy_embedding_trains_its_own_model_and_tokenizer(root):
     x = artifacts.load_npy(cfg.artifact("features", "features.npy"))
     assert x.shape == (240, cfg.model.tiny.hidden_size) and np.isfinite(x).all()
     assert feats["features_model"] == "proxy"
+    manifest = json.loads(cfg.artifact("features", "manifest.json").read_text())
+    assert manifest["data_digest"] == artifacts.file_digest(cfg.data.train)  # select refuses other data
 
 
 def test_loss_trajectory_columns_are_the_snapshot_losses(root):

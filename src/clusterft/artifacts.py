@@ -90,3 +90,14 @@ class Stopwatch:
 
     def __exit__(self, *exc: Any) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+def file_digest(path: str | Path) -> str:
+    """sha1 of a file's bytes (inputs recorded in manifests, so stale outputs are refused)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

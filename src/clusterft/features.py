@@ -379,7 +379,7 @@ def _finish(cfg: Any, dim: int, ranges: list[tuple[int, int]], ids: list[str], s
 
     wall_clock_s is this run's (model loading included); samples_per_s counts only the
     samples this run computed, over all ranks."""
-    from clusterft.artifacts import write_json
+    from clusterft.artifacts import file_digest, write_json
     from clusterft.model import base_model_dir
     from clusterft.shards import merge_shards, remove_shard_dir
 
@@ -394,7 +394,7 @@ def _finish(cfg: Any, dim: int, ranges: list[tuple[int, int]], ids: list[str], s
     seconds = time.perf_counter() - start
     manifest = {
         "kind": fcfg.kind, "n": len(ids), "dim": dim, "features_model": fcfg.model,
-        "target_model": str(base_model_dir(cfg)), "ids": ids,
+        "target_model": str(base_model_dir(cfg)), "ids": ids, "data_digest": file_digest(cfg.data.train),
         "params": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "normalised": False,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_clock_s": seconds, "samples_per_s": stats["samples_computed"] / seconds, **stats,

@@ -279,6 +279,23 @@ def _plot_selection(cfg, sel: Selection, plot_dir) -> None:
     plots.weight_histogram(sel.weights, plot_dir / "weights.png")
 
 
+def check_features_current(cfg) -> None:
+    """Features (and the clusters built on them) must come from the current data.train: its
+    digest is in the features manifest. Refused before any selection is written."""
+    import json
+
+    from clusterft.artifacts import file_digest
+
+    path = cfg.artifact("features", "manifest.json")
+    if not path.exists():
+        return
+    made_from = json.loads(path.read_text()).get("data_digest")
+    if made_from and made_from != file_digest(cfg.data.train):
+        raise SelectionError(
+            f"{path}: the features were computed from another version of {cfg.data.train}; "
+            "rerun warmup, features and cluster on the current data (`dvc repro` does)")
+
+
 def run_select(cfg, method: str, run: str | None = None) -> dict:
     """Stage `select`: writes methods/<method>/selection.jsonl and select_metrics.json."""
     import time
@@ -299,6 +316,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     elif method == "random":
         sel = select_random(n, s.budget, s.seed)
     elif method == "cluster":
+        check_features_current(cfg)
         labels = load_npy(cfg.artifact("cluster", "labels.npy"))
         if len(labels) != n:
             raise SelectionError(
@@ -312,6 +330,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
             groups if s.dedup else None,
         )
     elif method == "cluster_paper":
+        check_features_current(cfg)
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
                                    s.paper_ratio, s.seed)
     else:
