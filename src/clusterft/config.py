@@ -218,8 +218,6 @@ class PipelineConfig:
     def method_dir(self, method: str, run: str | None = None) -> Path:
         """Outputs of one method's select/allocate/train/evaluate: methods/<method>, or
         experiments/<run> for a named run of an experiment grid."""
-        from clusterft.methods import METHODS
-
         if method not in METHODS:
             raise ConfigError(f"method {method!r}: unknown; known: {', '.join(METHODS)}")
         if run is not None:
@@ -248,10 +246,15 @@ class PipelineConfig:
 
 
 def relocate(artifacts: str | Path) -> list[str]:
-    """Overrides that move paths.artifacts and the built-in data and model with it."""
-    a = Path(artifacts)
-    return [f"paths.artifacts={a}", f"model.path={a / 'model' / 'base'}",
-            *[f"data.{s}={a / 'benchmark' / f'{s}.jsonl'}" for s in ("train", "validation", "test")]]
+    """Overrides that move paths.artifacts and the built-in data and model with it (where
+    the stage table puts them)."""
+    from types import SimpleNamespace
+
+    from clusterft.stages import builtin_data_path, builtin_model_path
+
+    where = SimpleNamespace(paths=SimpleNamespace(artifacts=str(artifacts)))
+    return [f"paths.artifacts={artifacts}", f"model.path={builtin_model_path(where)}",
+            *[f"data.{s}={builtin_data_path(where, s)}" for s in ("train", "validation", "test")]]
 
 
 def _same(a: str | Path, b: str | Path) -> bool:
@@ -404,8 +407,7 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
     for key in ("train.epochs", "train.per_device_batch", "warmup.epochs", "warmup.batch_size",
                 "data.max_length", "features.batch_size", "features.dim", "features.shard_size",
                 "features.nproc", "evaluate.batch_size"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) < 1:
+        if cfg.value(key) < 1:
             bad(key, "must be >= 1")
 
 
@@ -508,12 +510,8 @@ ENUMS = {"select.split": ("waterfill", "proportional", "power"),
 
 def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:
     """Every key of RANGES within its bounds, every key of ENUMS one of its values."""
-    def get(key: str) -> Any:
-        section, name = key.split(".")
-        return getattr(getattr(cfg, section), name)
-
     for key, (lo, hi, (lo_in, hi_in)) in RANGES.items():
-        v = get(key)
+        v = cfg.value(key)
         below = lo is not None and (v < lo or (v == lo and not lo_in))
         above = hi is not None and (v > hi or (v == hi and not hi_in))
         if below or above:
@@ -521,8 +519,8 @@ def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:
                    f"{hi if hi is not None else 'inf'}{']' if hi_in else ')'}"
             bad(key, f"must be in {span}, got {v}")
     for key, allowed in ENUMS.items():
-        if get(key) not in allowed:
-            bad(key, f"must be one of {allowed}, got {get(key)!r}")
+        if cfg.value(key) not in allowed:
+            bad(key, f"must be one of {allowed}, got {cfg.value(key)!r}")
     if cfg.cluster.k_max < cfg.cluster.k_min:
         bad("cluster.k_max", f"must be >= cluster.k_min ({cfg.cluster.k_min}), got {cfg.cluster.k_max}")
 

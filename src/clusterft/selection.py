@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clusterft.methods import METHODS
+
 
 class SelectionError(ValueError):
     """Budget or inputs are unusable; the message names the parameter."""
@@ -309,8 +311,6 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     n = len(ids)
     groups = duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples])
     s = cfg.select
-    from clusterft.methods import METHODS
-
     if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
         sel = select_full(n)
     elif method == "random":

@@ -150,13 +150,7 @@ def _load(ref: str) -> Callable[..., Any]:
 
 def _resolve_params(text: str, cfg: Any) -> str:
     """Replace `${section.key}` by that param's value in `cfg`."""
-    def value(m: re.Match) -> str:
-        obj = cfg
-        for part in m.group(1).split("."):
-            obj = getattr(obj, part)
-        return str(obj)
-
-    return re.sub(r"\$\{([a-z_.]+)\}", value, text)
+    return re.sub(r"\$\{([a-z_.]+)\}", lambda m: str(cfg.value(m.group(1))), text)
 
 
 def dvc_stages(dvcfile: str = "dvc.yaml") -> dict[str, Any]:

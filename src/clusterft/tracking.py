@@ -10,7 +10,6 @@ file unless MLFLOW_TRACKING_URI says otherwise.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -47,7 +46,9 @@ def run_params(cfg: Any) -> dict[str, str]:
 
 
 def _digest(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()[:12] if path.is_file() else "none"
+    from clusterft.artifacts import file_digest
+
+    return file_digest(path)[:12] if path.is_file() else "none"
 
 
 def provenance() -> dict[str, str]:
@@ -93,9 +94,8 @@ class LiveTraining:
         self.every = max(1, cfg.train.log_every)
         try:
             from mlflow import MlflowClient
-            from mlflow.entities import DatasetInput, InputTag, Metric, Param
+            from mlflow.entities import DatasetInput, InputTag, Param
 
-            self.Metric = Metric
             exp = use_experiment(cfg)
             self.client = MlflowClient()
             tags = {"clusterft.stage": "train", "clusterft.method": method, "clusterft.run": name,
@@ -115,15 +115,13 @@ class LiveTraining:
     def on_step(self, g: int, rec: dict) -> None:
         if self.client is None:
             return
-        ts = int(rec.get("time", time.time()) * 1000)
-        self.buffer += [self.Metric(k, float(rec[k]), ts, int(rec["step"])) for k in self.KEYS if k in rec]
+        self.buffer.append(rec)
         if g % self.every == 0:
             self._flush()
 
     def _flush(self) -> None:
         try:
-            for i in range(0, len(self.buffer), 900):
-                self.client.log_batch(self.run_id, metrics=self.buffer[i:i + 900])
+            _log_series(self.run_id, self.buffer, self.client)
         except Exception as exc:  # noqa: BLE001
             log.warning("MLflow: could not log training steps: %s", exc)
         self.buffer = []
@@ -134,13 +132,17 @@ class LiveTraining:
             return None
         self._flush()
         try:
-            final = [self.Metric(k, v, int(time.time() * 1000), 0) for k, v in _numeric(metrics).items()]
+            from mlflow.entities import Metric
+
+            final = [Metric(k, v, int(time.time() * 1000), 0) for k, v in _numeric(metrics).items()]
             self.client.log_batch(self.run_id, metrics=final)
             self.client.log_artifacts(self.run_id, str(model_dir), artifact_path="model")
             self.client.set_terminated(self.run_id, "FINISHED")
         except Exception as exc:  # noqa: BLE001
             log.warning("MLflow: could not finish the training run: %s", exc)
         return self.run_id
+
+
 def _numeric(d: dict[str, Any]) -> dict[str, float]:
     """Flattened numeric leaves of a metrics dict (MLflow metrics must be numbers)."""
     out = {}
@@ -152,7 +154,7 @@ def _numeric(d: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _log_series(run_id: str, series: list[dict], batch: int = 900) -> None:
+def _log_series(run_id: str, series: list[dict], client: Any = None, batch: int = 900) -> None:
     """Per-step curves in batches (one call per step is slow on a sqlite store), stamped
     with each step's own wall clock."""
     from mlflow.entities import Metric
@@ -161,7 +163,7 @@ def _log_series(run_id: str, series: list[dict], batch: int = 900) -> None:
     now = time.time()
     points = [Metric(k, float(rec[k]), int(1000 * rec.get("time", now)), int(rec["step"]))
               for rec in series for k in LiveTraining.KEYS if k in rec]
-    client = MlflowClient()
+    client = client or MlflowClient()
     for i in range(0, len(points), batch):
         client.log_batch(run_id, metrics=points[i : i + batch])
 
@@ -194,8 +196,8 @@ def log_pipeline(cfg: Any, collected: dict[str, Any], rows: list[dict[str, Any]]
     import mlflow
 
     use_experiment(cfg)
-    params = run_params(cfg)
-    with mlflow.start_run(run_name="pipeline", tags={"clusterft.kind": "pipeline", **provenance()}) as parent:
+    params, origin = run_params(cfg), provenance()
+    with mlflow.start_run(run_name="pipeline", tags={"clusterft.kind": "pipeline", **origin}) as parent:
         mlflow.log_params(params)
         for ds, ctx in datasets(cfg):
             mlflow.log_input(ds, context=ctx)
@@ -204,7 +206,7 @@ def log_pipeline(cfg: Any, collected: dict[str, Any], rows: list[dict[str, Any]]
         for row in rows:
             method = row["method"]
             with mlflow.start_run(run_name=method, nested=True) as mrun:
-                mlflow.set_tags({"clusterft.method": method, **provenance()})
+                mlflow.set_tags({"clusterft.method": method, **origin})
                 mlflow.log_params({**params, "method": method})
                 mlflow.log_metrics(_numeric({k: v for k, v in row.items() if k != "method"}))
                 mdir = cfg.artifact("methods", method)
