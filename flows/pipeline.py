@@ -3,7 +3,8 @@ stages), each `dvc repro --single-item <stage>`, so DVC's lock and cache decide 
 to date, whichever entry point ran last. Training and features run under torchrun as under
 `dvc repro`; each stage's output lines go to the Prefect log; the comparison table is a
 Prefect markdown artifact. A stage that failed on bad input or params (clusterft exits 2)
-is not retried; anything else is, twice.
+is not retried; anything else is, twice. A flow holds the artifacts folder's lock while it
+runs (clusterft.runlock), so a second pipeline on the same folder is refused at once.
 
     python flows/pipeline.py [PROJECT]        # the quick-start pipeline (dvc.yaml)
     python flows/pipeline.py [PROJECT] --experiment   # the grid (experiments/dvc.yaml)
@@ -22,6 +23,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from clusterft.config import load_config
+from clusterft.runlock import artifacts_lock
 from clusterft.stages import PIPELINE, write_dvc_files
 
 
@@ -38,12 +40,15 @@ def _transient(task: Any, run: Any, state: Any) -> bool:
     return not getattr(state.data, "deterministic", False)
 
 
+def _env() -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "DVC_NO_ANALYTICS": "1"}
+
+
 def dvc(project: str | Path, *args: str, log: Any = None) -> str:
     """Run `dvc args` in `project` with this interpreter's scripts on PATH; stream the lines
     to `log`; return the output; raise StageFailed on a non-zero exit."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "DVC_NO_ANALYTICS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=project, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=project, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
     assert proc.stdout is not None
@@ -63,8 +68,15 @@ def repro(project: str, target: str, single: bool = True) -> str:
 
 
 def up_to_date(project: str) -> bool:
-    """`dvc status`: nothing in dvc.yaml changed since it last ran (one call, seconds)."""
-    return json.loads(dvc(project, "status", "--json", "dvc.yaml") or "{}") == {}
+    """`dvc status`: nothing in dvc.yaml changed since it last ran (one call, seconds). Only
+    stdout is JSON: DVC's warnings (e.g. after a killed run) go to the log."""
+    res = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", "dvc.yaml"], cwd=project,
+                         env=_env(), capture_output=True, text=True)
+    if res.stderr.strip():
+        get_run_logger().warning(res.stderr.strip())
+    if res.returncode != 0:
+        raise StageFailed("status", res.returncode, res.stdout[-4000:] + res.stderr[-4000:])
+    return json.loads(res.stdout or "{}") == {}
 
 
 def _prepare(project: str) -> Any:
@@ -87,12 +99,13 @@ def _publish(path: Path, key: str, description: str) -> str:
 def pipeline(project: str = ".") -> dict[str, Any]:
     """Every stage of dvc.yaml in order, as its own task; then the comparison artifact."""
     cfg = _prepare(project)
-    if up_to_date(project):
-        get_run_logger().info("dvc status: every stage is up to date; nothing to run")
-    else:
-        for st in PIPELINE:
-            for target in ([f"{st.name}@{m}" for m in cfg.select.methods] if st.per_method else [st.name]):
-                repro.with_options(name=target)(project, target)
+    with artifacts_lock(Path(project) / cfg.paths.artifacts, "Prefect flow clusterft-pipeline"):
+        if up_to_date(project):
+            get_run_logger().info("dvc status: every stage is up to date; nothing to run")
+        else:
+            for st in PIPELINE:
+                for target in ([f"{st.name}@{m}" for m in cfg.select.methods] if st.per_method else [st.name]):
+                    repro.with_options(name=target)(project, target)
     art = Path(project) / cfg.paths.artifacts / "report"
     table = _publish(art / "compare.md", "clusterft-compare", "time and accuracy per method")
     return {**json.loads((art / "compare.json").read_text()), "markdown": table}
@@ -102,7 +115,8 @@ def pipeline(project: str = ".") -> dict[str, Any]:
 def experiment(project: str = ".") -> dict[str, Any]:
     """The experiment grid stage (experiments/dvc.yaml, upstream stages first)."""
     cfg = _prepare(project)
-    repro.with_options(name="experiment")(project, "experiments/dvc.yaml:experiment", single=False)
+    with artifacts_lock(Path(project) / cfg.paths.artifacts, "Prefect flow clusterft-experiment"):
+        repro.with_options(name="experiment")(project, "experiments/dvc.yaml:experiment", single=False)
     out = Path(project) / cfg.paths.artifacts / "experiments"
     table = _publish(out / "report.md", "clusterft-experiment", "methods x budgets x seeds")
     return {**json.loads((out / "results.json").read_text()), "markdown": table}

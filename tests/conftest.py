@@ -76,3 +76,28 @@ def tiny_run(tmp_path_factory):
             else:
                 summary = st.function(cfg, m) if m else st.function(cfg)
     return {"root": root, "params": params, "cfg": cfg, "summary": summary}
+
+
+@pytest.fixture
+def reliability(request):
+    """`reliability(case, happened, same_result, recover_s)` records one row of the reliability
+    table; benchmarks/reliability.py collects the rows (CLUSTERFT_RELIABILITY names the file)."""
+    import json
+
+    rows: list[dict] = []
+    yield lambda case, happened, same_result, recover_s: rows.append(
+        {"case": case, "happened": happened, "same_result": same_result, "recover_s": round(recover_s, 1)})
+    out = os.environ.get("CLUSTERFT_RELIABILITY")
+    if out and rows and not getattr(request.node, "rep_call_failed", True):
+        with open(out, "a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"test": request.node.nodeid, **row}) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Let fixtures see whether their test's call phase failed (reliability rows only for passes)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.rep_call_failed = rep.failed

@@ -3,6 +3,7 @@ and nothing already computed is lost."""
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -89,7 +90,34 @@ CASES = [
     ("features-from-other-data", lambda r: _features_from_other_data(r),
      ["features were computed from another version of", "rerun warmup, features and cluster"]),
     ("timeout-too-short", lambda r: _raw_params(r, "train:\n  timeout_s: 1\n"), ["train.timeout_s"]),
+    ("precision-unknown", lambda r: _raw_params(r, "train:\n  precision: fp8\n"),
+     ["train.precision", "must be one of", "bf16"]),
+    ("grad-accum-zero", lambda r: _raw_params(r, "train:\n  grad_accum: 0\n"), ["train.grad_accum", "[1, inf]"]),
+    ("clusters-from-other-features", lambda r: _clusters_from_other_features(r),
+     ["clusters were computed from another version of", "rerun cluster"]),
+    ("plan-from-other-selection", lambda r: _plan_from_other_selection(r),
+     ["plan was built from another version of", "selection.jsonl", "rerun `clusterft allocate`"]),
 ]
+
+
+def _clusters_from_other_features(root):
+    """Clusters of the right size, computed before the features were recomputed."""
+    d = _case_dir(root, "other-features")
+    shutil.copytree(root / "artifacts/cluster", d / "art/cluster", dirs_exist_ok=True)
+    (d / "art/features").mkdir(parents=True, exist_ok=True)
+    np.save(d / "art/features/features.npy", np.ones((240, 8), np.float32))
+    return _edit(root, lambda p: p["paths"].update(artifacts=str(d / "art")), "select", "--method", "cluster")
+
+
+def _plan_from_other_selection(root):
+    """A plan, then the selection rewritten under another budget without reallocating."""
+    run = ("--method", "random", "--run-name", "other-selection")
+    argv = _edit(root, lambda p: None, "allocate", *run, pre=("select", *run))
+    assert main(argv) == 0
+    p = tiny_params(root)
+    p["select"]["budget"] = 0.25
+    assert main(["select", "--params", str(write_params(_case_dir(root, "other-selection"), p)), *run]) == 0
+    return ["train", "--params", argv[2], *run]
 
 
 def _features_from_other_data(root):
@@ -193,17 +221,22 @@ def _stale(root):
 
 
 @pytest.mark.parametrize("name, setup, parts", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_reported_and_nothing_is_lost(project, capsys, name, setup, parts):
+def test_bad_input_is_reported_and_nothing_is_lost(project, capsys, reliability, name, setup, parts):
     root, _ = project
     argv = setup(root)
     before = snapshot(root)
+    start = time.perf_counter()
     code, err = run(capsys, *argv)
+    refused_s = time.perf_counter() - start
     assert code == 2, err
     for part in parts:
         assert part in err, err
     assert err.startswith(f"clusterft {argv[0]}: error:")
     after = snapshot(root)
     assert {p: b for p, b in after.items() if p in before} == before  # nothing computed was lost
+    message = err.split(": error: ", 1)[1].strip().replace(str(root) + "/", "").replace("|", "/")
+    reliability(f"bad input: {name} (`clusterft {argv[0]}`)", f"exit 2: {message[:150]}",
+                "refused; nothing lost", refused_s)
 
 
 def test_at_least_twenty_kinds():

@@ -22,7 +22,7 @@ def _weights(mdir):
     return load_file(str(next((mdir / "model").glob("*.safetensors"))))
 
 
-def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path):
+def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability):
     p = tiny_params(tmp_path)
     p["train"].update(epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0)
     params = write_params(tmp_path, p)
@@ -60,7 +60,9 @@ def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert (mdir / "checkpoint" / "meta.json").exists() and not (mdir / "train_metrics.json").exists()
+    start = time.perf_counter()
     launch(2, args)  # ... and the rerun resumes from its last checkpoint
+    recover = time.perf_counter() - start
 
     log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
     pids = [r["pid"] for r in log]
@@ -72,3 +74,6 @@ def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path):
     for name, tensor in _weights(mdir).items():
         torch.testing.assert_close(tensor, clean[name], rtol=0, atol=1e-6, msg=name)
     assert not (mdir / "checkpoint").exists()
+    reliability("SIGKILL of a training rank (torchrun, 2 workers)",
+                "the run failed; the rerun resumed from the last checkpoint (bit-identical weights)",
+                "yes", recover)

@@ -271,7 +271,7 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
     with metrics for the plan and for a shuffled DistributedSampler on the same selection."""
     import time
 
-    from clusterft.artifacts import write_json
+    from clusterft.artifacts import file_digest, write_json
     from clusterft.data import encode_all, load_examples
     from clusterft.model import base_model_dir, load_tokenizer
     from clusterft.selection import read_selection
@@ -287,7 +287,7 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
     t = cfg.train
     mode = plan_mode(method, clusters)
     plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode, lengths)
-    save_plan(out, plan, {"mode": mode})
+    save_plan(out, plan, {"mode": mode, "selection_digest": file_digest(out / "selection.jsonl")})
     seconds = time.perf_counter() - start  # diagnostics and plots below are not part of the cost
     baseline = build_plan(clusters, t.nproc, t.per_device_batch, 1, t.seed, "shuffle", lengths)
     metrics = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -15,6 +16,10 @@ import numpy as np
 
 class OutputError(OSError):
     """An output location cannot be written; the message names it."""
+
+
+# the write failed for lack of room (full disk, file size limit, quota, read-only, I/O)
+_DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
 
 
 def ensure_dir(path: str | Path) -> Path:
@@ -34,11 +39,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it over `path` only if the block succeeds."""
     p = Path(path)
     ensure_dir(p.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write ({exc.strerror})") from exc
     os.close(fd)
     try:
         yield Path(tmp)
         os.replace(tmp, p)
+    except OSError as exc:
+        if isinstance(exc, OutputError) or exc.errno not in _DISK_ERRNOS and exc.errno is not None:
+            raise  # (errno None: a short write, as numpy reports a full disk)
+        raise OutputError(f"{p}: cannot write ({exc.strerror or exc}); the previous version, if any, is "
+                          "unchanged and finished work is kept: free space, then rerun") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -1,5 +1,5 @@
-"""Training checkpoints: trainable weights (safetensors), optimizer, scheduler, RNG and plan
-position, swapped in atomically, resumed only by the run (plan, weights, hyper-parameters)
+"""Training checkpoints: trainable weights (safetensors), optimizer, scheduler, loss scaler,
+RNG and plan position, swapped in atomically, resumed only by the run (plan, weights, hyper-parameters)
 that wrote them."""
 
 from __future__ import annotations
@@ -32,26 +32,33 @@ def run_digest(plan: AllocationPlan, weights: np.ndarray, *hyper: float) -> str:
 
 
 def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
-                    position: tuple[int, int], digest: str, history: list[dict]) -> None:
+                    position: tuple[int, int], digest: str, history: list[dict], scaler: Any = None) -> None:
     """Trainable weights (safetensors), optimizer/scheduler/RNG state and plan position,
-    written to a temp folder and swapped in, so a crash never leaves half a checkpoint."""
+    written to a temp folder and swapped in, so a crash never leaves half a checkpoint. A
+    write that fails (a full disk) leaves the previous checkpoint in place."""
     import shutil
 
     from safetensors.torch import save_file
 
-    from clusterft.artifacts import ensure_dir
+    from clusterft.artifacts import OutputError, ensure_dir
 
     tmp = ckpt_dir.with_name(ckpt_dir.name + ".tmp")
     old = ckpt_dir.with_name(ckpt_dir.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     ensure_dir(tmp)
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
-              str(tmp / "trainable.safetensors"))
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-    (tmp / "meta.json").write_text(json.dumps({"next_step": len(history), "position": list(position),
-                                               "plan": digest, "source": source.state_dict(),
-                                               "history": history}))
+    try:
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+                  str(tmp / "trainable.safetensors"))
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                    "rng": torch.get_rng_state(), "scaler": scaler.state_dict() if scaler else {}},
+                   tmp / "optimizer.pt")
+        (tmp / "meta.json").write_text(json.dumps({"next_step": len(history), "position": list(position),
+                                                   "plan": digest, "source": source.state_dict(),
+                                                   "history": history}))
+    except Exception as exc:  # OSError, or safetensors' own error type for the same failure
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"{tmp}: cannot write the checkpoint ({exc}); the previous checkpoint "
+                          f"{ckpt_dir} is unchanged") from exc
     if ckpt_dir.exists():
         shutil.rmtree(old, ignore_errors=True)
         ckpt_dir.rename(old)
@@ -59,30 +66,47 @@ def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: An
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
-                    digest: str) -> tuple[tuple[int, int], list[dict]]:
-    """Restore a checkpoint written for the same run: ((epoch, step) to resume at, history
-    so far), or ((0, 0), []) when there is none."""
+def _read(d: Path, model: Any, digest: str) -> tuple[dict, dict, dict]:
+    """(meta, trainable weights, optimizer state) of checkpoint `d`, checked against the
+    run (`digest`) and the model's trainable tensors; raises on anything unreadable."""
     from safetensors.torch import load_file
 
-    for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
-        if all((d / f).exists() for f in CHECKPOINT_FILES):
-            break
-    else:
-        return (0, 0), []
     meta = json.loads((d / "meta.json").read_text())
     if meta["plan"] != digest:
-        log.warning("%s: checkpoint is for another plan; starting from scratch", d)
-        return (0, 0), []
+        raise ValueError("it was written for another plan, weights or hyper-parameters")
     state = load_file(str(d / "trainable.safetensors"))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.requires_grad:
-                p.copy_(state[n])
-    rest = torch.load(d / "optimizer.pt", weights_only=True)
-    opt.load_state_dict(rest["optimizer"])
-    sched.load_state_dict(rest["scheduler"])
-    torch.set_rng_state(rest["rng"])
-    source.load_state_dict(meta["source"])
-    log.info("resumed from %s at step %d", d, meta["next_step"])
-    return tuple(meta["position"]), meta["history"]
+    for n, p in model.named_parameters():
+        if p.requires_grad and (n not in state or state[n].shape != p.shape):
+            raise ValueError(f"trainable tensor {n} is missing or has another shape")
+    return meta, state, torch.load(d / "optimizer.pt", weights_only=True)
+
+
+def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
+                    digest: str, scaler: Any = None) -> tuple[tuple[int, int], list[dict]]:
+    """Restore the newest readable checkpoint written for the same run: ((epoch, step) to
+    resume at, history so far), or ((0, 0), []) when there is none. A corrupt or foreign
+    checkpoint is skipped with a warning (the previous one, else a fresh start); every file
+    is read and checked before anything is restored, so a bad one changes nothing."""
+    for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
+        if not all((d / f).exists() for f in CHECKPOINT_FILES):
+            continue
+        try:
+            meta, state, rest = _read(d, model, digest)
+        except Exception as exc:  # truncated, corrupt or foreign: not this run's state
+            log.warning("%s: checkpoint not used (%s)", d, exc)
+            continue
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if p.requires_grad:
+                    p.copy_(state[n])
+        opt.load_state_dict(rest["optimizer"])
+        sched.load_state_dict(rest["scheduler"])
+        torch.set_rng_state(rest["rng"])
+        if scaler is not None and rest.get("scaler"):
+            scaler.load_state_dict(rest["scaler"])
+        source.load_state_dict(meta["source"])
+        log.info("resumed from %s at step %d", d, meta["next_step"])
+        return tuple(meta["position"]), meta["history"]
+    if any(d.exists() for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old"))):
+        log.warning("%s: no usable checkpoint; training starts from step 0", ckpt_dir)
+    return (0, 0), []

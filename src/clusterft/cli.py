@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import warnings
+from typing import Any
 
 from clusterft.methods import METHODS
 from clusterft.stages import BY_NAME, STAGES
@@ -57,7 +58,25 @@ def _under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def _run_stage(cfg: Any, st: Any, args: argparse.Namespace) -> None:
+    """One stage in this process, or relaunched under torchrun when it has several workers."""
+    if st.name == "experiment":
+        from clusterft.experiment import run_experiment
+
+        run_experiment(args.params, args.overrides, report_only=args.report_only)
+        return
+    workers = cfg.value(st.workers) if st.workers else 1
+    if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
+        from clusterft.distributed import launch_stage
+
+        launch_stage(cfg, st.name, args.params, args.overrides, args.method if st.per_method else None,
+                     args.run if st.per_method else None)
+        return
+    st.function(cfg, args.method, args.run) if st.per_method else st.function(cfg)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from clusterft.distributed import LaunchError
     from clusterft.errors import USER_ERRORS
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -84,26 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from clusterft.config import load_config
 
-        cfg = load_config(args.params, args.overrides)
-        if args.command == "experiment":
-            from clusterft.experiment import run_experiment
+        from clusterft.runlock import artifacts_lock
 
-            run_experiment(args.params, args.overrides, report_only=args.report_only)
-            return 0
+        cfg = load_config(args.params, args.overrides)
         st = BY_NAME[args.command]
         if st.per_method:
             cfg.method_dir(args.method, args.run)  # an unknown method or a path as run name: refused now
-        workers = cfg.value(st.workers) if st.workers else 1
-        if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
-            from clusterft.distributed import launch_stage
-
-            launch_stage(cfg, st.name, args.params, args.overrides, args.method if st.per_method else None,
-                         args.run if st.per_method else None)
-            return 0
-        st.function(cfg, args.method, args.run) if st.per_method else st.function(cfg)
+        with artifacts_lock(cfg.artifact(), "clusterft " + " ".join(argv if argv is not None else sys.argv[1:])):
+            _run_stage(cfg, st, args)
     except USER_ERRORS as exc:
         print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except LaunchError as exc:
+        print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

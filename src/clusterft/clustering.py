@@ -139,11 +139,12 @@ def run_cluster(cfg) -> dict:
     """Stage `cluster`: cluster/labels.npy, centers.npy and metrics.json (sizes, time)."""
     import time
 
-    from clusterft.artifacts import load_npy, save_npy, write_json
+    from clusterft.artifacts import file_digest, load_npy, save_npy, write_json
 
     start = time.perf_counter()
     cc = cfg.cluster
     feats = load_npy(cfg.artifact("features", "features.npy"), mmap=True)
+    made_from = file_digest(cfg.artifact("features", "features.npy"))  # select refuses stale clusters
     auto_scores: dict = {}
     k = cc.k
     if k == "auto":
@@ -157,7 +158,7 @@ def run_cluster(cfg) -> dict:
         "k": int(len(sizes)), "n": int(len(c.labels)), "inertia": c.inertia, "backend": backend,
         "auto_k_silhouette": {str(key): v for key, v in auto_scores.items()},
         "sizes": sizes.tolist(), "largest": int(sizes.max()), "smallest": int(sizes.min()),
-        "wall_clock_s": time.perf_counter() - start,
+        "features_digest": made_from, "wall_clock_s": time.perf_counter() - start,
     }
     write_json(out / "metrics.json", metrics)
     return metrics

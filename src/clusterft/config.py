@@ -167,6 +167,12 @@ class TrainConfig:
     timeout_s: int = _f(600, "seconds a collective (or the process group's start) may wait for the other "
                         "ranks before the run fails instead of hanging")
     infobatch_prune: float = _f(0.5, "infobatch: fraction of below-mean-loss samples skipped per epoch")
+    precision: str = _f("fp32", "fp32 | bf16 | fp16 (loss-scaled): autocast of training and evaluation "
+                        "forwards; the weights AdamW updates stay fp32")
+    grad_accum: int = _f(1, "micro-batches per rank per step; their gradients add up to the whole "
+                         "step's before the one sync (same update, less activation memory)")
+    micro_batch_tokens: int = _f(0, "also cut micro-batches until each holds at most this many padded "
+                                 "tokens (0 = off): bounded memory when ranks hold uneven counts")
 
 
 @dataclass
@@ -182,7 +188,7 @@ class EvaluateConfig:
 @dataclass
 class ExperimentConfig:
     methods: list[str] = _f(["full", "random", "cluster", "cluster_paper", "infobatch"], "methods compared")
-    budgets: list[float] = _f([0.1, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
+    budgets: list[float] = _f([0.2, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
     seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
     zero_shot: bool = _f(True, "also score the base model before fine-tuning (the floor)")
 
@@ -495,7 +501,9 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
     "warmup.lr": (0, None, (False, True)), "train.lr": (0, None, (False, True)),
     "train.warmup_ratio": (0, 1, (True, False)), "train.weight_decay": (0, None, (True, True)),
     "train.log_every": (1, None, (True, True)), "train.checkpoint_every": (0, None, (True, True)),
-    "train.max_restarts": (0, None, (True, True)), "train.timeout_s": (10, None, (True, True)), "train.infobatch_prune": (0, 1, (True, False)),
+    "train.max_restarts": (0, None, (True, True)), "train.timeout_s": (10, None, (True, True)),
+    "train.infobatch_prune": (0, 1, (True, False)), "train.grad_accum": (1, None, (True, True)),
+    "train.micro_batch_tokens": (0, None, (True, True)),
     "select.alpha": (0, None, (True, True)), "select.tau": (0, None, (True, True)),
     "select.paper_ratio": (0, 1, (False, True)), "lora.r": (1, None, (True, True)),
     "lora.alpha": (0, None, (False, True)), "lora.dropout": (0, 1, (True, False)),
@@ -505,7 +513,7 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
 }
 ENUMS = {"select.split": ("waterfill", "proportional", "power"),
          "select.within": ("kcenter", "far", "near", "random"),
-         "cluster.backend": ("auto", "sklearn", "faiss")}
+         "cluster.backend": ("auto", "sklearn", "faiss"), "train.precision": ("fp32", "bf16", "fp16")}
 
 
 def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:

@@ -17,6 +17,11 @@ import torch
 import torch.distributed as dist
 
 
+class LaunchError(RuntimeError):
+    """The torchrun workers failed; they printed their own error (exit code 1, not 2: a lost
+    worker is not bad input)."""
+
+
 @dataclass
 class DistInfo:
     rank: int
@@ -97,4 +102,5 @@ def launch(nproc: int, module_args: list[str], env: dict | None = None, max_rest
     run_env = {**os.environ, **(env or {})}
     res = subprocess.run(cmd, env=run_env)
     if res.returncode != 0:
-        raise RuntimeError(f"torchrun exited with code {res.returncode}: {' '.join(cmd)}")
+        raise LaunchError(f"torchrun exited with code {res.returncode} (the workers' own error is "
+                          f"above): {' '.join(cmd)}")

@@ -20,13 +20,15 @@ def normalise_answer(text: str) -> str:
 @torch.no_grad()
 def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size: int,
                      max_new_tokens: int) -> list[str]:
-    """Greedy decoding with left padding; returns the decoded continuations."""
+    """Greedy decoding with left padding; returns the decoded continuations (progress on stderr)."""
+    from tqdm import tqdm
+
     model.eval()
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     answers: list[str] = []
     try:
-        for i in range(0, len(prompts), batch_size):
+        for i in tqdm(range(0, len(prompts), batch_size), desc="evaluate (generate)", unit="batch"):
             enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
             enc = {k: v.to(model.device) for k, v in enc.items()}
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
@@ -97,6 +99,7 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
     """Exact match on `evaluate.split` and held-out loss on validation, of one saved model."""
     from clusterft.data import load_examples, renderer
     from clusterft.model import load_model, load_tokenizer
+    from clusterft.train_loop import autocast
 
     tokenizer = load_tokenizer(model_dir, cfg.model)
     model = load_model(model_dir, cfg.model)
@@ -108,8 +111,9 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
     def score(examples: list[Example], path: str) -> tuple[dict, list[Example], list[str]]:
         scored = [x for x in examples if x.scored]
         check_skills(scored, train, path, cfg.data.train)
-        answers = generate_answers(model, tokenizer, [x.prompt for x in scored], e.batch_size,
-                                   e.max_new_tokens)
+        with autocast(cfg.train.precision, model.device):
+            answers = generate_answers(model, tokenizer, [x.prompt for x in scored], e.batch_size,
+                                       e.max_new_tokens)
         return exact_match(scored, answers), scored, answers
 
     examples = validation if split == "validation" else load_examples(cfg, split, render)
@@ -120,7 +124,8 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
                              for s, xs in {split: examples, "validation": validation}.items()}
     if split == "test" and e.also_validation and any(x.scored for x in validation):
         metrics["validation"] = score(validation, cfg.data.validation)[0]
-    metrics.update(heldout_loss(model, tokenizer, validation, cfg.data.max_length, e.batch_size))
+    with autocast(cfg.train.precision, model.device):
+        metrics.update(heldout_loss(model, tokenizer, validation, cfg.data.max_length, e.batch_size))
     metrics["samples"] = [{"prompt": x.prompt, "answer": a, "expected": x.response}
                           for x, a in list(zip(scored, answers))[:5]]
     return metrics

@@ -282,20 +282,25 @@ def _plot_selection(cfg, sel: Selection, plot_dir) -> None:
 
 
 def check_features_current(cfg) -> None:
-    """Features (and the clusters built on them) must come from the current data.train: its
-    digest is in the features manifest. Refused before any selection is written."""
+    """Features must come from the current data.train (its digest is in the features
+    manifest) and the clusters from the current features (their digest is in the cluster
+    metrics). Refused before any selection is written."""
     import json
 
     from clusterft.artifacts import file_digest
 
     path = cfg.artifact("features", "manifest.json")
-    if not path.exists():
-        return
-    made_from = json.loads(path.read_text()).get("data_digest")
+    made_from = json.loads(path.read_text()).get("data_digest") if path.exists() else None
     if made_from and made_from != file_digest(cfg.data.train):
         raise SelectionError(
             f"{path}: the features were computed from another version of {cfg.data.train}; "
             "rerun warmup, features and cluster on the current data (`dvc repro` does)")
+    metrics, feats = cfg.artifact("cluster", "metrics.json"), cfg.artifact("features", "features.npy")
+    made_from = json.loads(metrics.read_text()).get("features_digest") if metrics.exists() else None
+    if made_from and feats.exists() and made_from != file_digest(feats):
+        raise SelectionError(
+            f"{cfg.artifact('cluster', 'labels.npy')}: the clusters were computed from another version "
+            f"of {feats}; rerun cluster (`dvc repro` does)")
 
 
 def run_select(cfg, method: str, run: str | None = None) -> dict:

@@ -47,12 +47,17 @@ def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
 
 
 def check_plan(mdir: Path, world_size: int) -> Any:
-    """The method folder's plan, refused (AllocationError) when it is missing or was built for
-    another number of workers."""
+    """The method folder's plan, refused (AllocationError) when it is missing, was built from
+    another selection.jsonl (its digest is in plan.json) or for another number of workers."""
     from clusterft.allocation import AllocationError, load_plan
+    from clusterft.artifacts import file_digest, read_json
 
     if not (mdir / "plan.npy").exists():
         raise AllocationError(f"{mdir / 'plan.npy'}: no allocation plan; run `clusterft allocate` first")
+    made_from = read_json(mdir / "plan.json").get("selection_digest")
+    if made_from and (mdir / "selection.jsonl").exists() and made_from != file_digest(mdir / "selection.jsonl"):
+        raise AllocationError(f"{mdir / 'plan.npy'}: the plan was built from another version of "
+                              f"{mdir / 'selection.jsonl'}; rerun `clusterft allocate` (`dvc repro` does)")
     plan = load_plan(mdir)
     if plan.world_size != world_size:
         raise AllocationError(
@@ -109,6 +114,8 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
         checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
         world_size=info.world_size, on_step=live.on_step if live else None,
+        precision=cfg.train.precision, grad_accum=cfg.train.grad_accum,
+        micro_batch_tokens=cfg.train.micro_batch_tokens,
     )
     loop_s = time.perf_counter() - loop_start
     per_rank = gather_rank_timings(history, info.world_size)

@@ -33,6 +33,35 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     return scale * (weights * losses).sum(), losses.detach()
 
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device) -> Any:
+    """Mixed-precision context for forward passes: fp32 weights stay the master copy (AdamW
+    updates them); bf16 / fp16 run the matmuls in half precision where the device supports it."""
+    from contextlib import nullcontext
+
+    dtype = PRECISIONS[precision]
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def micro_batches(n: int, lengths: np.ndarray, parts: int, max_tokens: int) -> list[np.ndarray]:
+    """Positions 0..n-1 of one rank's share of a step, cut into micro-batches: `parts` near-equal
+    slices, each cut further until its padded size (count x longest) is at most `max_tokens`
+    (0 = no cap; a single sample is never cut). The loss is a weighted sum over samples, so the
+    summed gradients of the micro-batches equal the whole step's."""
+    out: list[np.ndarray] = []
+    todo = [s for s in np.array_split(np.arange(n), max(1, min(parts, n))) if len(s)]
+    while todo:
+        s = todo.pop(0)
+        if max_tokens and len(s) > 1 and len(s) * int(lengths[s].max()) > max_tokens:
+            half = len(s) // 2
+            todo[:0] = [s[:half], s[half:]]
+        else:
+            out.append(s)
+    return out
+
+
 def cosine_schedule(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
     """Linear warmup then cosine decay to 10% of the peak learning rate."""
     warm = max(1, int(round(warmup_ratio * total_steps)))
@@ -107,6 +136,9 @@ def train_on_plan(
     checkpoint_every: int = 0,
     world_size: int | None = None,
     on_step: Any = None,
+    precision: str = "fp32",
+    grad_accum: int = 1,
+    micro_batch_tokens: int = 0,
 ) -> list[dict]:
     """Train this rank's share of a plan (or of a dynamic source such as InfoBatch);
     return step records (loss, times).
@@ -116,7 +148,10 @@ def train_on_plan(
     plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
     state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
     every `checkpoint_every` steps and every rank resumes from the last checkpoint.
-    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking."""
+    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking.
+    `precision` bf16/fp16 autocasts the forward (fp16 with loss scaling); `grad_accum` and
+    `micro_batch_tokens` cut each rank's share of a step into micro-batches (see
+    micro_batches), whose gradients add up to the whole step's before the one sync."""
     from contextlib import nullcontext
 
     source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
@@ -131,10 +166,11 @@ def train_on_plan(
     distributed = world > 1
     history: list[dict] = []
     position = (0, 0)  # (epoch, step in epoch) to resume at
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
-                        weight_decay)
+                        weight_decay, precision)
     if checkpoint_dir is not None:
-        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest)
+        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest, scaler)
     model.train()
     t0 = time.perf_counter()
     g = len(history)
@@ -142,15 +178,24 @@ def train_on_plan(
         if epoch == position[0] and step < position[1]:
             continue
         ts = time.perf_counter()
-        batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+        idx = np.asarray(idx)
         scale = world / float(step_size)
-        w = w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)
+        w = (w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)).to(device)
         opt.zero_grad(set_to_none=True)
+        parts, loss_sum, tokens = [], torch.zeros((), device=device), 0
+        lengths = np.array([len(encoded[i].input_ids) for i in idx])
         with model.no_sync() if distributed else nullcontext():
-            loss, losses = weighted_loss(model, batch, w.to(device), scale)
-            loss.backward()
+            for mb in micro_batches(len(idx), lengths, grad_accum, micro_batch_tokens):
+                batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx[mb]], pad_id).items()}
+                with autocast(precision, device):
+                    loss, mb_losses = weighted_loss(model, batch, w[torch.as_tensor(mb)], scale)
+                (scaler.scale(loss) if scaler else loss).backward()
+                parts.append(mb_losses.float())
+                loss_sum = loss_sum + loss.detach().float()
+                tokens += int(batch["attention_mask"].sum())
+        losses = torch.cat(parts) if parts else torch.zeros(0, device=device)
         compute_s = time.perf_counter() - ts
-        extras = [loss.detach().reshape(1) / scale]  # this rank's sum of w_i l_i
+        extras = [loss_sum.reshape(1) / scale]  # this rank's sum of w_i l_i
         if source.needs_losses:
             seen = torch.zeros(2 * n)
             seen[torch.as_tensor(idx)] = losses.cpu()
@@ -164,14 +209,20 @@ def train_on_plan(
             got = extra[1:].cpu().numpy()
             mask = got[n:] > 0
             source.observe(np.flatnonzero(mask), got[:n][mask])
+        if scaler is not None:
+            scaler.unscale_(opt)  # every rank holds the same reduced gradients: same skip decision
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         sched.step()
         rec = {
             "step": g, "epoch": epoch, "loss": float(losses.mean()),
             "weighted_loss": float(extra[0]) / float(step_size),
             "lr": sched.get_last_lr()[0], "samples": int(len(idx)),
-            "tokens": int(batch["attention_mask"].sum()), "compute_s": compute_s, "sync_s": sync_s,
+            "tokens": tokens, "compute_s": compute_s, "sync_s": sync_s,
             "step_s": time.perf_counter() - ts,
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "time": time.time(),  # wall clock (the MLflow curve's timestamps)
@@ -182,7 +233,8 @@ def train_on_plan(
         if on_step is not None:
             on_step(g, rec)
         if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
-            save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history)
+            save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history,
+                            scaler)
         if rank == 0 and (g % log_every == 1 or g == total):
             el = time.perf_counter() - t0
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, total,
