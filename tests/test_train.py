@@ -43,3 +43,30 @@ def test_pipeline_training_ran_two_gloo_workers_and_saved_safetensors(tiny_run):
     full = json.loads((cfg.artifact("methods", "full") / "train_log.jsonl").read_text().splitlines()[-1])
     first = json.loads((cfg.artifact("methods", "full") / "train_log.jsonl").read_text().splitlines()[0])
     assert full["loss"] < first["loss"]
+
+
+def test_bf16_accumulated_checkpointed_adafactor_training_end_to_end(tmp_path):
+    """The scale-out options together through the real CLI and 2 gloo workers on the tiny model."""
+    from clusterft.config import load_config
+    from clusterft.stages import stage_functions
+    from tests.conftest import tiny_params, write_params
+
+    p = tiny_params(tmp_path)
+    p["train"].update(precision="bf16", grad_accum=2, micro_batch_tokens=64, activation_checkpointing=True,
+                      optimizer="adafactor", checkpoint_every=3)
+    params = write_params(tmp_path, p)
+    cfg = load_config(params)
+    fns = stage_functions()
+    for name in ("make-benchmark", "prepare-model"):
+        fns[name](cfg)
+    fns["select"](cfg, "full")
+    fns["allocate"](cfg, "full")
+    subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"],
+                   check=True, cwd=REPO, timeout=600)
+    mdir = cfg.method_dir("full")
+    m = json.loads((mdir / "train_metrics.json").read_text())
+    assert m["world_size"] == 2 and m["tokens_per_s_rank0"] > 0 and m["peak_mem_mb_rank0"] > 0
+    log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
+    assert all(r["weighted_loss"] == r["weighted_loss"] for r in log)  # finite, no NaN
+    assert log[-1]["weighted_loss"] < log[0]["weighted_loss"]
+    assert any(f.suffix == ".safetensors" for f in (mdir / "model").iterdir())

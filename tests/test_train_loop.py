@@ -7,7 +7,7 @@ import torch
 
 from clusterft.allocation import build_plan
 from clusterft.model import load_model
-from clusterft.train_loop import micro_batches, train_on_plan
+from clusterft.train_loop import make_optimizer, micro_batches, train_on_plan
 from tests.helpers.grad_case import case_samples
 
 
@@ -21,9 +21,12 @@ def test_micro_batches_cover_the_step_in_order_under_the_token_cap():
             assert len(mb) == 1 or not cap or len(mb) * lengths[mb].max() <= cap
 
 
-def _train(model_dir, **options):
+def _train(model_dir, checkpointing=False, optimizer="adamw", **options):
     torch.manual_seed(0)
     model = load_model(model_dir)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    options["optimizer"] = make_optimizer(optimizer, list(model.parameters()), 1e-2, 0.0)
     samples = case_samples() * 4
     plan = build_plan(np.full(len(samples), -1), 1, 8, 2, 0, "shuffle")
     history = train_on_plan(model, samples, np.linspace(0.5, 2.0, len(samples)), plan, 0, 0, lr=1e-2,
@@ -39,6 +42,22 @@ def test_micro_batches_give_the_same_update_as_the_whole_step(tiny_model_dir, op
         torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-5, msg=n)
     assert [h["tokens"] for h in h1] == [h["tokens"] for h in h2]
     assert [h["weighted_loss"] for h in h1] == pytest.approx([h["weighted_loss"] for h in h2], rel=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):
+    plain, h1 = _train(tiny_model_dir)
+    recomputed, h2 = _train(tiny_model_dir, checkpointing=True)
+    for n in plain:
+        torch.testing.assert_close(recomputed[n], plain[n], rtol=1e-4, atol=1e-5, msg=n)
+    for h in h1 + h2:
+        assert h["tokens_per_s"] > 0 and h["peak_mem_mb"] > 0
+
+
+def test_adafactor_trains(tiny_model_dir):
+    start = {n: p.detach().clone() for n, p in load_model(tiny_model_dir).named_parameters()}
+    trained, h = _train(tiny_model_dir, optimizer="adafactor")
+    assert all(np.isfinite(r["weighted_loss"]) for r in h)
+    assert any(not torch.equal(trained[n], start[n]) for n in start)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

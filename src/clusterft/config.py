@@ -173,6 +173,9 @@ class TrainConfig:
                          "step's before the one sync (same update, less activation memory)")
     micro_batch_tokens: int = _f(0, "also cut micro-batches until each holds at most this many padded "
                                  "tokens (0 = off): bounded memory when ranks hold uneven counts")
+    activation_checkpointing: bool = _f(False, "recompute each layer's activations in the backward "
+                                        "(less memory, about a third more compute)")
+    optimizer: str = _f("adamw", "adamw | adafactor (factored second moments: less optimizer memory)")
 
 
 @dataclass
@@ -513,7 +516,8 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
 }
 ENUMS = {"select.split": ("waterfill", "proportional", "power"),
          "select.within": ("kcenter", "far", "near", "random"),
-         "cluster.backend": ("auto", "sklearn", "faiss"), "train.precision": ("fp32", "bf16", "fp16")}
+         "cluster.backend": ("auto", "sklearn", "faiss"), "train.precision": ("fp32", "bf16", "fp16"),
+         "train.optimizer": ("adamw", "adafactor")}
 
 
 def _check_ranges(cfg: PipelineConfig, bad: Any) -> None:

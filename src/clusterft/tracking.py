@@ -87,7 +87,8 @@ class LiveTraining:
     and datasets at the start, the per-step curve every `train.log_every` steps with real
     timestamps, final metrics and the model at the end. A crashed run keeps what was sent."""
 
-    KEYS = ("loss", "weighted_loss", "lr", "step_s", "compute_s", "sync_s", "tokens")
+    KEYS = ("loss", "weighted_loss", "lr", "step_s", "compute_s", "sync_s", "tokens", "tokens_per_s",
+            "peak_mem_mb")
 
     def __init__(self, cfg: Any, method: str, name: str, n_selected: int):
         self.client, self.run_id, self.buffer = None, None, []

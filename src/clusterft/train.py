@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from clusterft.methods import METHODS
-from clusterft.train_loop import gather_rank_timings, train_on_plan, wait_summary
+from clusterft.train_loop import gather_rank_timings, make_optimizer, train_on_plan, wait_summary
 
 
 def _build_model(cfg: Any, info: Any) -> tuple[Any, Any]:
@@ -24,6 +24,8 @@ def _build_model(cfg: Any, info: Any) -> tuple[Any, Any]:
     tokenizer = load_tokenizer(base, cfg.model)
     torch.manual_seed(cfg.train.seed)
     model = load_model(base, cfg.model)
+    if cfg.train.activation_checkpointing:  # non-reentrant: works with frozen (LoRA) inputs
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.finetune == "lora":
         model = add_lora(model, cfg.lora)
     return model.to(info.device), tokenizer
@@ -114,6 +116,8 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
         checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
         world_size=info.world_size, on_step=live.on_step if live else None,
+        optimizer=make_optimizer(cfg.train.optimizer, [p for p in model.parameters() if p.requires_grad],
+                                 cfg.train.lr, cfg.train.weight_decay),
         precision=cfg.train.precision, grad_accum=cfg.train.grad_accum,
         micro_batch_tokens=cfg.train.micro_batch_tokens,
     )
@@ -134,6 +138,9 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
             "samples_seen_rank0": sum(h["samples"] for h in history),
             "train_loop_s": loop_s,
             "final_loss": float(np.mean([h["weighted_loss"] for h in tail])),
+            "tokens_per_s_rank0": float(np.sum([h["tokens"] for h in history])
+                                        / max(1e-9, np.sum([h["compute_s"] for h in history]))),
+            "peak_mem_mb_rank0": float(max((h["peak_mem_mb"] for h in history), default=0.0)),
             "truncation": truncation,
             **wait_summary(history),
             "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)

@@ -45,6 +45,23 @@ def autocast(precision: str, device: torch.device) -> Any:
     return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this rank so far: allocated CUDA memory on a GPU, the process's peak
+    resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def make_optimizer(name: str, params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW, or Adafactor (factored second moments: far less optimizer memory, as in the paper)."""
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def micro_batches(n: int, lengths: np.ndarray, parts: int, max_tokens: int) -> list[np.ndarray]:
     """Positions 0..n-1 of one rank's share of a step, cut into micro-batches: `parts` near-equal
     slices, each cut further until its padded size (count x longest) is at most `max_tokens`
@@ -158,7 +175,7 @@ def train_on_plan(
     world = world_size or plan.world_size
     device = device or torch.device("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = optimizer or make_optimizer("adamw", params, lr, weight_decay)
     total = source.total_steps
     sched = cosine_schedule(opt, total, warmup_ratio)
     w_all = torch.tensor(weights, dtype=torch.float32)
@@ -168,7 +185,7 @@ def train_on_plan(
     position = (0, 0)  # (epoch, step in epoch) to resume at
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
-                        weight_decay, precision)
+                        weight_decay, precision, type(opt).__name__)
     if checkpoint_dir is not None:
         position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest, scaler)
     model.train()
@@ -223,7 +240,8 @@ def train_on_plan(
             "weighted_loss": float(extra[0]) / float(step_size),
             "lr": sched.get_last_lr()[0], "samples": int(len(idx)),
             "tokens": tokens, "compute_s": compute_s, "sync_s": sync_s,
-            "step_s": time.perf_counter() - ts,
+            "step_s": time.perf_counter() - ts, "tokens_per_s": tokens / max(1e-9, compute_s),
+            "peak_mem_mb": peak_memory_mb(device),
             "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "time": time.time(),  # wall clock (the MLflow curve's timestamps)
             "pid": os.getpid(),  # a resumed run's log holds the steps of more than one process
