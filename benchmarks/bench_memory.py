@@ -1,0 +1,82 @@
+"""Peak memory and tokens/s of one training configuration per process, side by side:
+fp32 + AdamW (the baseline) against bf16, activation checkpointing, Adafactor, micro-batches
+and all of them together, on one local HF model (full fine-tuning, where optimizer state
+counts). Each setting runs in a fresh process, since peak RSS only grows.
+
+    .venv/bin/python benchmarks/bench_memory.py --model artifacts-smollm2/model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+SETTINGS = {  # name: train_on_plan options (and model-side switches)
+    "fp32 + AdamW (baseline)": {},
+    "bf16 autocast": {"precision": "bf16"},
+    "activation checkpointing": {"checkpointing": True},
+    "Adafactor": {"optimizer": "adafactor"},
+    "grad_accum 4": {"grad_accum": 4},
+    "bf16 + checkpointing + Adafactor + grad_accum 4": {"precision": "bf16", "checkpointing": True,
+                                                         "optimizer": "adafactor", "grad_accum": 4},
+}
+
+
+def one(model_dir: str, options: dict, batch: int, length: int, steps: int) -> dict:
+    """Train `steps` steps of `batch` random sequences of `length` tokens; peak memory, tokens/s."""
+    import numpy as np
+    import torch
+
+    from clusterft.allocation import build_plan
+    from clusterft.data import Encoded
+    from clusterft.model import load_model
+    from clusterft.train_loop import make_optimizer, peak_memory_mb, train_on_plan
+
+    torch.manual_seed(0)
+    model = load_model(model_dir)
+    if options.pop("checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = make_optimizer(options.pop("optimizer", "adamw"), list(model.parameters()), 1e-5, 0.0)
+    rng = np.random.default_rng(0)
+    vocab = model.config.vocab_size
+    data = [Encoded(str(i), ids := rng.integers(0, vocab, length).tolist(), ids) for i in range(batch * steps)]
+    plan = build_plan(np.full(len(data), -1), 1, batch, 1, 0, "shuffle")
+    loaded = peak_memory_mb(torch.device("cpu"))
+    hist = train_on_plan(model, data, np.ones(len(data)), plan, 0, 0, lr=1e-5, log_every=10**6, optimizer=opt,
+                         **options)
+    tail = hist[1:] or hist  # the first step also allocates the optimizer state
+    return {"peak_mem_mb": peak_memory_mb(torch.device("cpu")), "after_load_mb": loaded,
+            "tokens_per_s": sum(h["tokens"] for h in tail) / sum(h["compute_s"] for h in tail)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="artifacts-smollm2/model")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one setting
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.model, dict(SETTINGS[args.one]), args.batch, args.length, args.steps)))
+        return
+    rows = {}
+    for name in SETTINGS:
+        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
+                              "--length", str(args.length), "--steps", str(args.steps), "--one", name],
+                             capture_output=True, text=True, check=True)
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"[memory] {name}: {rows[name]}", file=sys.stderr, flush=True)
+    base = rows["fp32 + AdamW (baseline)"]
+    print(f"\n{args.model}, full fine-tuning, batch {args.batch} x {args.length} tokens, {args.steps} steps\n")
+    print("| setting | peak memory MB | vs baseline | training tokens/s | vs baseline |")
+    print("|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['peak_mem_mb']:.0f} | {r['peak_mem_mb'] / base['peak_mem_mb']:.2f}x | "
+              f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
