@@ -23,10 +23,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clusterft.config import load_config
-from clusterft.stages import stage_functions
-from tests.conftest import REPO, tiny_params, write_params
+from tests.conftest import REPO, tiny_params
 from tests.helpers.dvc_project import dvc, env, make_project, ran
+from tests.helpers.project import prepared
 
 pytestmark = pytest.mark.slow
 
@@ -77,19 +76,6 @@ def assert_same_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
-
-
-def prepared(tmp_path: Path, update=None, upto=("make-benchmark", "prepare-model")):
-    """A tiny project with the stages `upto` already run (in this process)."""
-    p = tiny_params(tmp_path)
-    if update:
-        update(p)
-    params = write_params(tmp_path, p)
-    cfg = load_config(params)
-    fns = stage_functions()
-    for name in upto:
-        fns[name](cfg, "full") if name in ("select", "allocate") else fns[name](cfg)
-    return params, cfg
 
 
 def long_training(p: dict) -> None:

@@ -12,10 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clusterft.config import load_config
 from clusterft.distributed import launch, torchrun_command
-from clusterft.stages import stage_functions
-from tests.conftest import REPO, tiny_params, write_params
+from tests.conftest import REPO
+from tests.helpers.project import prepared
 
 
 def _weights(mdir):
@@ -23,15 +22,9 @@ def _weights(mdir):
 
 
 def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability):
-    p = tiny_params(tmp_path)
-    p["train"].update(epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0)
-    params = write_params(tmp_path, p)
-    cfg = load_config(params)
-    fns = stage_functions()
-    for name in ("make-benchmark", "prepare-model"):
-        fns[name](cfg)
-    fns["select"](cfg, "full")
-    fns["allocate"](cfg, "full")
+    params, cfg = prepared(tmp_path, lambda p: p["train"].update(
+        epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0),
+        upto=("make-benchmark", "prepare-model", "select", "allocate"))
     mdir = cfg.artifact("methods", "full")
     args = ["train", "--params", str(params), "--method", "full"]
 

@@ -47,20 +47,11 @@ def test_pipeline_training_ran_two_gloo_workers_and_saved_safetensors(tiny_run):
 
 def test_bf16_accumulated_checkpointed_adafactor_training_end_to_end(tmp_path):
     """The scale-out options together through the real CLI and 2 gloo workers on the tiny model."""
-    from clusterft.config import load_config
-    from clusterft.stages import stage_functions
-    from tests.conftest import tiny_params, write_params
+    from tests.helpers.project import prepared
 
-    p = tiny_params(tmp_path)
-    p["train"].update(precision="bf16", grad_accum=2, micro_batch_tokens=64, activation_checkpointing=True,
-                      optimizer="adafactor", checkpoint_every=3)
-    params = write_params(tmp_path, p)
-    cfg = load_config(params)
-    fns = stage_functions()
-    for name in ("make-benchmark", "prepare-model"):
-        fns[name](cfg)
-    fns["select"](cfg, "full")
-    fns["allocate"](cfg, "full")
+    params, cfg = prepared(tmp_path, lambda p: p["train"].update(
+        precision="bf16", grad_accum=2, micro_batch_tokens=64, activation_checkpointing=True,
+        optimizer="adafactor", checkpoint_every=3), upto=("make-benchmark", "prepare-model", "select", "allocate"))
     subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"],
                    check=True, cwd=REPO, timeout=600)
     mdir = cfg.method_dir("full")
