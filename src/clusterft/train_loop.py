@@ -179,6 +179,7 @@ def train_on_plan(
     total = source.total_steps
     sched = cosine_schedule(opt, total, warmup_ratio)
     w_all = torch.tensor(weights, dtype=torch.float32)
+    lengths = np.array([e.n_tokens for e in encoded])  # micro_batches' token cap
     n = len(weights)
     distributed = world > 1
     history: list[dict] = []
@@ -200,9 +201,8 @@ def train_on_plan(
         w = (w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)).to(device)
         opt.zero_grad(set_to_none=True)
         parts, loss_sum, tokens = [], torch.zeros((), device=device), 0
-        lengths = np.array([len(encoded[i].input_ids) for i in idx])
         with model.no_sync() if distributed else nullcontext():
-            for mb in micro_batches(len(idx), lengths, grad_accum, micro_batch_tokens):
+            for mb in micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens):
                 batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx[mb]], pad_id).items()}
                 with autocast(precision, device):
                     loss, mb_losses = weighted_loss(model, batch, w[torch.as_tensor(mb)], scale)
