@@ -1,7 +1,8 @@
 """Peak memory and tokens/s of one training configuration per process, side by side:
 fp32 + AdamW (the baseline) against bf16, activation checkpointing, Adafactor, micro-batches
-and all of them together, on one local HF model (full fine-tuning, where optimizer state
-counts). Each setting runs in a fresh process, since peak RSS only grows.
+and all of them together, and DDP against FSDP on 2 gloo ranks (same global batch; the peak
+of the larger rank), on one local HF model (full fine-tuning, where optimizer state counts).
+Each setting runs in fresh processes, since peak RSS only grows.
 
     .venv/bin/python benchmarks/bench_memory.py --model artifacts-smollm2/model
 """
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+
+from clusterft.distributed import torchrun_command
 
 SETTINGS = {  # name: train_on_plan options (and model-side switches)
     "fp32 + AdamW (baseline)": {},
@@ -21,6 +25,8 @@ SETTINGS = {  # name: train_on_plan options (and model-side switches)
     "grad_accum 4": {"grad_accum": 4},
     "bf16 + checkpointing + Adafactor + grad_accum 4": {"precision": "bf16", "checkpointing": True,
                                                          "optimizer": "adafactor", "grad_accum": 4},
+    "DDP, 2 ranks (per rank)": {"strategy": "ddp"},
+    "FSDP, 2 ranks (per rank)": {"strategy": "fsdp"},
 }
 
 
@@ -29,26 +35,36 @@ def one(model_dir: str, options: dict, batch: int, length: int, steps: int) -> d
     import numpy as np
     import torch
 
+    from clusterft import distributed, parallel
     from clusterft.allocation import build_plan
     from clusterft.data import Encoded
     from clusterft.model import load_model
     from clusterft.train_loop import make_optimizer, peak_memory_mb, train_on_plan
 
+    info = distributed.init_distributed()
     torch.manual_seed(0)
     model = load_model(model_dir)
     if options.pop("checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = parallel.wrap(model, options.pop("strategy", "ddp"), info, options.get("precision", "fp32"))
     opt = make_optimizer(options.pop("optimizer", "adamw"), list(model.parameters()), 1e-5, 0.0)
     rng = np.random.default_rng(0)
-    vocab = model.config.vocab_size
+    vocab = parallel.unwrap(model).config.vocab_size
     data = [Encoded(str(i), ids := rng.integers(0, vocab, length).tolist(), ids) for i in range(batch * steps)]
-    plan = build_plan(np.full(len(data), -1), 1, batch, 1, 0, "shuffle")
+    plan = build_plan(np.full(len(data), -1), info.world_size, batch // info.world_size, 1, 0, "shuffle")
     loaded = peak_memory_mb(torch.device("cpu"))
-    hist = train_on_plan(model, data, np.ones(len(data)), plan, 0, 0, lr=1e-5, log_every=10**6, optimizer=opt,
-                         **options)
+    hist = train_on_plan(model, data, np.ones(len(data)), plan, info.rank, 0, lr=1e-5, log_every=10**6,
+                         optimizer=opt, world_size=info.world_size, **options)
     tail = hist[1:] or hist  # the first step also allocates the optimizer state
-    return {"peak_mem_mb": peak_memory_mb(torch.device("cpu")), "after_load_mb": loaded,
-            "tokens_per_s": sum(h["tokens"] for h in tail) / sum(h["compute_s"] for h in tail)}
+    mine = {"peak_mem_mb": peak_memory_mb(torch.device("cpu")), "after_load_mb": loaded,
+            "tokens_per_s": info.world_size * sum(h["tokens"] for h in tail) / sum(h["compute_s"] for h in tail)}
+    if info.world_size == 1:
+        return mine
+    ranks = [None] * info.world_size
+    torch.distributed.all_gather_object(ranks, mine)
+    distributed.cleanup()
+    worst = max(ranks, key=lambda r: r["peak_mem_mb"])  # tokens/s: both ranks together
+    return {**worst, "tokens_per_s": min(r["tokens_per_s"] for r in ranks)}
 
 
 def main() -> None:
@@ -60,11 +76,16 @@ def main() -> None:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one setting
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.model, dict(SETTINGS[args.one]), args.batch, args.length, args.steps)))
+        res = one(args.model, dict(SETTINGS[args.one]), args.batch, args.length, args.steps)
+        if os.environ.get("RANK", "0") == "0":
+            print(json.dumps(res))
         return
     rows = {}
     for name in SETTINGS:
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
+        launcher = [sys.executable]
+        if "strategy" in SETTINGS[name]:
+            launcher = torchrun_command(2, [])[:-2]  # torchrun, 2 ranks, running this file
+        out = subprocess.run([*launcher, __file__, "--model", args.model, "--batch", str(args.batch),
                               "--length", str(args.length), "--steps", str(args.steps), "--one", name],
                              capture_output=True, text=True, check=True)
         rows[name] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -140,3 +140,20 @@ def test_sparse_projection_is_seeded_sparse_and_keeps_norms():
     x = torch.randn(20, 40_000)
     ratio = RandomProjection(40_000, 4096, "sparse", seed=1)(x).norm(dim=1) / x.norm(dim=1)
     assert ((ratio > 0.9) & (ratio < 1.1)).all()
+
+
+@pytest.mark.parametrize("kind", ["lora_grad", "lastlayer"])
+def test_bf16_features_follow_the_fp32_ones(kind, tmp_path):
+    """train.precision reaches the features: a bf16 pass gives (almost) the fp32 directions."""
+    from clusterft.config import load_config
+    from clusterft.features import build_extractor, extract
+
+    model = lora_model()
+    fcfg = load_config(None, [f"features.kind={kind}", "features.model=target", "features.dim=64",
+                              "features.precondition=false"]).features
+    ext = build_extractor(model, fcfg, tmp_path / "no-adapter")
+    fp32 = extract(ext, lora_samples(), 0, 4)
+    bf16 = extract(ext, lora_samples(), 0, 4, precision="bf16")
+    assert not np.array_equal(fp32, bf16)  # autocast did run
+    cos = (fp32 * bf16).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(bf16, axis=1)
+    assert cos.min() > 0.98

@@ -21,9 +21,11 @@ def _weights(mdir):
     return load_file(str(next((mdir / "model").glob("*.safetensors"))))
 
 
-def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability, strategy):
+    """Under FSDP every rank writes its shard of the checkpoint and reads it back."""
     params, cfg = prepared(tmp_path, lambda p: p["train"].update(
-        epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0),
+        epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0, strategy=strategy),
         upto=("make-benchmark", "prepare-model", "select", "allocate"))
     mdir = cfg.artifact("methods", "full")
     args = ["train", "--params", str(params), "--method", "full"]
@@ -67,6 +69,7 @@ def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliabil
     for name, tensor in _weights(mdir).items():
         torch.testing.assert_close(tensor, clean[name], rtol=0, atol=1e-6, msg=name)
     assert not (mdir / "checkpoint").exists()
-    reliability("SIGKILL of a training rank (torchrun, 2 workers)",
+    assert resumed["strategy"] == strategy
+    reliability(f"SIGKILL of a training rank (torchrun, 2 workers, {strategy})",
                 "the run failed; the rerun resumed from the last checkpoint (bit-identical weights)",
                 "yes", recover)

@@ -1,6 +1,7 @@
-"""Training checkpoints: trainable weights (safetensors), optimizer, scheduler, loss scaler,
-RNG and plan position, swapped in atomically, resumed only by the run (plan, weights, hyper-parameters)
-that wrote them."""
+"""Training checkpoints: trainable weights (safetensors; under FSDP every rank's shard of the
+weights and optimizer state through torch.distributed.checkpoint), optimizer, scheduler, loss
+scaler, RNG and plan position, swapped in atomically, resumed only by the run (plan, weights,
+hyper-parameters) that wrote them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ log = logging.getLogger(__name__)
 
 
 CHECKPOINT_FILES = ("trainable.safetensors", "optimizer.pt", "meta.json")
+SHARDED_FILES = ("shards/.metadata", "optimizer.pt", "meta.json")
+
+
+def _sharded_state(model: Any, opt: Any) -> dict:
+    """This rank's shard of the trainable weights and optimizer state (DTensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(ignore_frozen_params=True))
+    return {"model": msd, "optim": osd}
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 def run_digest(plan: AllocationPlan, weights: np.ndarray, *hyper: float) -> str:
@@ -32,10 +48,12 @@ def run_digest(plan: AllocationPlan, weights: np.ndarray, *hyper: float) -> str:
 
 
 def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
-                    position: tuple[int, int], digest: str, history: list[dict], scaler: Any = None) -> None:
-    """Trainable weights (safetensors), optimizer/scheduler/RNG state and plan position,
-    written to a temp folder and swapped in, so a crash never leaves half a checkpoint. A
-    write that fails (a full disk) leaves the previous checkpoint in place."""
+                    position: tuple[int, int], digest: str, history: list[dict], scaler: Any = None,
+                    sharded: bool = False, rank: int = 0) -> None:
+    """Trainable weights, optimizer/scheduler/RNG state and plan position, written to a temp
+    folder and swapped in, so a crash never leaves half a checkpoint. A write that fails (a
+    full disk) leaves the previous checkpoint in place. Sharded (FSDP): every rank calls
+    this and writes its own shard; rank 0 writes the rest and swaps the folder in."""
     import shutil
 
     from safetensors.torch import save_file
@@ -44,62 +62,105 @@ def save_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: An
 
     tmp = ckpt_dir.with_name(ckpt_dir.name + ".tmp")
     old = ckpt_dir.with_name(ckpt_dir.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ensure_dir(tmp)
-    try:
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
-                  str(tmp / "trainable.safetensors"))
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                    "rng": torch.get_rng_state(), "scaler": scaler.state_dict() if scaler else {}},
-                   tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"next_step": len(history), "position": list(position),
-                                                   "plan": digest, "source": source.state_dict(),
-                                                   "history": history}))
-    except Exception as exc:  # OSError, or safetensors' own error type for the same failure
+    if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
+        ensure_dir(tmp)
+    try:
+        if sharded:
+            import torch.distributed.checkpoint as dcp
+
+            _barrier()
+            dcp.save(_sharded_state(model, opt), checkpoint_id=str(tmp / "shards"))
+        else:
+            save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+                      str(tmp / "trainable.safetensors"))
+        if rank == 0:
+            torch.save({"optimizer": {} if sharded else opt.state_dict(), "scheduler": sched.state_dict(),
+                        "rng": torch.get_rng_state(), "scaler": scaler.state_dict() if scaler else {}},
+                       tmp / "optimizer.pt")
+            (tmp / "meta.json").write_text(json.dumps({"next_step": len(history), "position": list(position),
+                                                       "plan": digest, "source": source.state_dict(),
+                                                       "history": history}))
+    except Exception as exc:  # OSError, or safetensors' own error type for the same failure
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise OutputError(f"{tmp}: cannot write the checkpoint ({exc}); the previous checkpoint "
                           f"{ckpt_dir} is unchanged") from exc
-    if ckpt_dir.exists():
+    if sharded:
+        _barrier()  # every shard is on disk before the folder is swapped in
+    if rank == 0:
+        if ckpt_dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            ckpt_dir.rename(old)
+        tmp.rename(ckpt_dir)
         shutil.rmtree(old, ignore_errors=True)
-        ckpt_dir.rename(old)
-    tmp.rename(ckpt_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    if sharded:
+        _barrier()
 
 
-def _read(d: Path, model: Any, digest: str) -> tuple[dict, dict, dict]:
+def _read(d: Path, model: Any, opt: Any, digest: str, sharded: bool) -> tuple[dict, dict, dict]:
     """(meta, trainable weights, optimizer state) of checkpoint `d`, checked against the
-    run (`digest`) and the model's trainable tensors; raises on anything unreadable."""
+    run (`digest`) and the model's trainable tensors; raises on anything unreadable. Sharded:
+    this rank's shard, read into fresh tensors so a bad checkpoint changes nothing."""
     from safetensors.torch import load_file
 
     meta = json.loads((d / "meta.json").read_text())
     if meta["plan"] != digest:
         raise ValueError("it was written for another plan, weights or hyper-parameters")
+    rest = torch.load(d / "optimizer.pt", weights_only=True)
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.utils._pytree import tree_map_only
+
+        state = tree_map_only(torch.Tensor, torch.empty_like, _sharded_state(model, opt))
+        dcp.load(state, checkpoint_id=str(d / "shards"))
+        return meta, state, rest
     state = load_file(str(d / "trainable.safetensors"))
     for n, p in model.named_parameters():
         if p.requires_grad and (n not in state or state[n].shape != p.shape):
             raise ValueError(f"trainable tensor {n} is missing or has another shape")
-    return meta, state, torch.load(d / "optimizer.pt", weights_only=True)
+    return meta, state, rest
+
+
+def _all_ranks(ok: bool, sharded: bool) -> bool:
+    """Under FSDP a checkpoint is used only if every rank could read its shard."""
+    if not sharded:
+        return ok
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def load_checkpoint(ckpt_dir: Path, model: Any, opt: Any, sched: Any, source: Any,
-                    digest: str, scaler: Any = None) -> tuple[tuple[int, int], list[dict]]:
+                    digest: str, scaler: Any = None, sharded: bool = False) -> tuple[tuple[int, int], list[dict]]:
     """Restore the newest readable checkpoint written for the same run: ((epoch, step) to
     resume at, history so far), or ((0, 0), []) when there is none. A corrupt or foreign
     checkpoint is skipped with a warning (the previous one, else a fresh start); every file
     is read and checked before anything is restored, so a bad one changes nothing."""
+    files = SHARDED_FILES if sharded else CHECKPOINT_FILES
     for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
-        if not all((d / f).exists() for f in CHECKPOINT_FILES):
+        if not _all_ranks(all((d / f).exists() for f in files), sharded):
             continue
         try:
-            meta, state, rest = _read(d, model, digest)
+            meta, state, rest = _read(d, model, opt, digest, sharded)
+            ok = True
         except Exception as exc:  # truncated, corrupt or foreign: not this run's state
             log.warning("%s: checkpoint not used (%s)", d, exc)
+            ok = False
+        if not _all_ranks(ok, sharded):
             continue
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if p.requires_grad:
-                    p.copy_(state[n])
-        opt.load_state_dict(rest["optimizer"])
+        if sharded:
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        else:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    if p.requires_grad:
+                        p.copy_(state[n])
+            opt.load_state_dict(rest["optimizer"])
         sched.load_state_dict(rest["scheduler"])
         torch.set_rng_state(rest["rng"])
         if scaler is not None and rest.get("scaler"):

@@ -176,6 +176,8 @@ class TrainConfig:
     activation_checkpointing: bool = _f(False, "recompute each layer's activations in the backward "
                                         "(less memory, about a third more compute)")
     optimizer: str = _f("adamw", "adamw | adafactor (factored second moments: less optimizer memory)")
+    strategy: str = _f("ddp", "ddp (a full replica per rank) | fsdp (FSDP2: weights, gradients and "
+                       "optimizer state sharded over ranks; sharded checkpoints)")
 
 
 @dataclass
@@ -517,6 +519,7 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
 ENUMS = {"select.split": ("waterfill", "proportional", "power"),
          "select.within": ("kcenter", "far", "near", "random"),
          "cluster.backend": ("auto", "sklearn", "faiss"), "train.precision": ("fp32", "bf16", "fp16"),
+         "train.strategy": ("ddp", "fsdp"),
          "train.optimizer": ("adamw", "adafactor")}
 
 

@@ -175,14 +175,19 @@ def build_extractor(model: Any, fcfg: Any, adapter_dir: str | Path,
 
 
 def extract(ext: Extractor, encoded: list[Encoded], pad_id: int, batch_size: int,
-            device: torch.device | str = "cpu", bar: Any = None) -> np.ndarray:
-    """[n, dim] float32 rows in input order; batches group similar lengths (less padding)."""
+            device: torch.device | str = "cpu", bar: Any = None, precision: str = "fp32") -> np.ndarray:
+    """[n, dim] float32 rows in input order; batches group similar lengths (less padding).
+    `precision` (train.precision) autocasts the forwards as training does."""
+    from clusterft.train_loop import autocast
+
+    device = torch.device(device)
     order = np.argsort([e.n_tokens for e in encoded], kind="stable")
     out = np.empty((len(encoded), ext.dim), dtype=np.float32)
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
         batch = {k: v.to(device) for k, v in collate([encoded[j] for j in idx], pad_id).items()}
-        out[idx] = ext.fn(batch).detach().float().cpu().numpy()
+        with autocast(precision, device):
+            out[idx] = ext.fn(batch).detach().float().cpu().numpy()
         if bar is not None:
             bar.update(len(idx))
     return out
@@ -215,7 +220,8 @@ def _digest_folder(folder: Path, content: bool) -> str:
     return h.hexdigest()
 
 
-def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], depends_on: list[Path]) -> dict:
+def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], depends_on: list[Path],
+               precision: str = "fp32") -> dict:
     """What shards depend on; shards made under another spec are discarded. Small folders
     (adapters, proxies, snapshots) are hashed by content, big ones by name/size/mtime."""
     def digest(p: Path) -> str:
@@ -224,13 +230,14 @@ def shard_spec(fcfg: Any, dim: int, encoded: list[Encoded], depends_on: list[Pat
         small = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) < 64 << 20
         return _digest_folder(p, content=small)
 
-    return {"features": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "dim": dim, "n": len(encoded),
+    return {"features": {k: getattr(fcfg, k) for k in SPEC_KEYS}, "precision": precision, "dim": dim,
+            "n": len(encoded),
             "data": _digest_encoded(encoded), "depends_on": {str(p): digest(p) for p in depends_on}}
 
 
 def compute_shards(ext: Extractor, encoded: list[Encoded], todo: list[int],
                    ranges: list[tuple[int, int]], folder: Path, pad_id: int, batch_size: int,
-                   device: torch.device, rank: int = 0) -> int:
+                   device: torch.device, rank: int = 0, precision: str = "fp32") -> int:
     """Compute and atomically save shards `todo`; returns the number of samples computed."""
     from clusterft.artifacts import save_npy
     from clusterft.shards import shard_path
@@ -240,7 +247,7 @@ def compute_shards(ext: Extractor, encoded: list[Encoded], todo: list[int],
               dynamic_ncols=True) as bar:
         for i in todo:
             start, stop = ranges[i]
-            feats = extract(ext, encoded[start:stop], pad_id, batch_size, device, bar)
+            feats = extract(ext, encoded[start:stop], pad_id, batch_size, device, bar, precision)
             save_npy(shard_path(folder, i, ranges[i]), feats)
     return total
 
@@ -355,14 +362,14 @@ def _run_features(cfg: Any, info: Any, start: float) -> dict:
     out = cfg.artifact("features")
     folder, ranges = out / "shards", shard_ranges(len(encoded), fcfg.shard_size)
     if info.is_main:
-        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, fmodel.depends_on))
+        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, fmodel.depends_on, cfg.train.precision))
     barrier()
     todo = missing_shards(folder, ranges, ext.dim)
     barrier()  # every rank listed the same missing shards before any is written
     mine = todo[info.rank :: info.world_size]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     n_done = compute_shards(ext, encoded, mine, ranges, folder, pad_id,
-                            fcfg.batch_size, info.device, info.rank)
+                            fcfg.batch_size, info.device, info.rank, cfg.train.precision)
     samples, shards = _sum_over_ranks([n_done, len(mine)], info.device)
     if info.is_main:
         stats = {"samples_computed": samples, "shards_computed": shards,

@@ -112,9 +112,14 @@ class RandomProjection:
         return self.matrix is not None or self.sparse_t is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, n_in] float32 -> [B, dim] float32."""
+        """[B, n_in] -> [B, dim] float32; always computed in fp32 (outside any autocast), so
+        half-precision gradients are projected without a second rounding."""
         if x.shape[-1] != self.n_in:
             raise ValueError(f"projection expects {self.n_in} columns, got {x.shape[-1]}")
+        with torch.autocast(x.device.type, enabled=False):
+            return self._project(x.float())
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         if self.sparse_t is not None:
             return (self.sparse_t @ x.T).T
         if self.matrix is not None:

@@ -79,7 +79,7 @@ STAGES: tuple[Stage, ...] = (
           deps=(f"{SRC}/features.py", f"{SRC}/lora_grads.py", f"{SRC}/projection.py", f"{SRC}/shards.py",
                 "${data.train}", "${model.path}", "{art}/warmup/state"),
           params=("features.model", "features.kind", "features.dim", "features.projection", "features.seed",
-                  "features.precondition", "data"),
+                  "features.precondition", "data", "train.precision"),
           outs=("{art}/features/features.npy", "{art}/features/manifest.json"),
           metrics=("{art}/features/metrics.json",)),
     Stage("cluster", "clustering:run_cluster", "k-means on the normalised features", selection=True,

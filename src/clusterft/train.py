@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from clusterft.methods import METHODS
-from clusterft.train_loop import gather_rank_timings, make_optimizer, train_on_plan, wait_summary
+from clusterft.train_loop import gather_rank_timings, train_on_plan, wait_summary
 
 
-def _build_model(cfg: Any, info: Any) -> tuple[Any, Any]:
+def _build_model(cfg: Any, device: torch.device) -> tuple[Any, Any]:
+    """The model as the run starts it: base weights, activation checkpointing, LoRA."""
     from clusterft.model import add_lora, base_model_dir, load_model, load_tokenizer
 
     base = base_model_dir(cfg)
@@ -28,7 +29,7 @@ def _build_model(cfg: Any, info: Any) -> tuple[Any, Any]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.finetune == "lora":
         model = add_lora(model, cfg.lora)
-    return model.to(info.device), tokenizer
+    return model.to(device), tokenizer
 
 
 def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
@@ -84,9 +85,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     """Stage `train`: follows methods/<m>/plan.npy; writes model/, train_metrics.json."""
     import shutil
 
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from clusterft import distributed
+    from clusterft import distributed, parallel
     from clusterft.artifacts import atomic_write_text, write_json
     from clusterft.data import encode_all, load_examples, truncation_report
     from clusterft.selection import read_selection
@@ -98,11 +97,10 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     plan = check_plan(mdir, info.world_size)
     sel = read_selection(mdir / "selection.jsonl")
     examples = load_examples(cfg, "train")
-    model, tokenizer = _build_model(cfg, info)
+    model, tokenizer = _build_model(cfg, info.device)
     encoded = encode_all([examples[r] for r in sel["row"]], tokenizer, cfg.data.max_length)
     truncation = truncation_report(encoded, "train (selected)", cfg.data.max_length) if info.is_main else {}
-    if info.world_size > 1:
-        model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    model = parallel.wrap(model, cfg.train.strategy, info, cfg.train.precision)
     loop_start = time.perf_counter()
     source: Any = plan
     if METHODS[method].allocation == "infobatch":
@@ -116,24 +114,29 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         cfg.train.lr, cfg.train.warmup_ratio, cfg.train.weight_decay, cfg.train.log_every, info.device,
         checkpoint_dir=mdir / "checkpoint", checkpoint_every=cfg.train.checkpoint_every,
         world_size=info.world_size, on_step=live.on_step if live else None,
-        optimizer=make_optimizer(cfg.train.optimizer, [p for p in model.parameters() if p.requires_grad],
-                                 cfg.train.lr, cfg.train.weight_decay),
+        optimizer_name=cfg.train.optimizer,
         precision=cfg.train.precision, grad_accum=cfg.train.grad_accum,
         micro_batch_tokens=cfg.train.micro_batch_tokens,
     )
     loop_s = time.perf_counter() - loop_start
     per_rank = gather_rank_timings(history, info.world_size)
+    trained = parallel.unwrap(model)
+    if parallel.is_sharded(model):  # gather the shards into a plain model on rank 0
+        weights = parallel.full_state_dict(model)
+        if info.is_main:
+            trained = _build_model(cfg, torch.device("cpu"))[0]
+            trained.load_state_dict(weights)
     metrics: dict[str, Any] = {}
     if info.is_main:
         for h, timings in zip(history, per_rank):
             h.update(timings)
-        inner = model.module if info.world_size > 1 else model
-        save_trained(inner, tokenizer, mdir / "model")
+        save_trained(trained, tokenizer, mdir / "model")
         tail = history[-max(1, len(history) // 10):]
         metrics = {
             "method": method,
             "world_size": info.world_size,
             "backend": info.backend or "none",
+            "strategy": cfg.train.strategy if info.world_size > 1 else "single",
             "steps": len(history),
             "samples_seen_rank0": sum(h["samples"] for h in history),
             "train_loop_s": loop_s,

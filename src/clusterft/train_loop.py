@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterft import parallel
 from clusterft.allocation import AllocationPlan
 from clusterft.checkpoint import load_checkpoint, run_digest, save_checkpoint
 from clusterft.data import Encoded, collate, per_sample_loss
@@ -92,25 +93,6 @@ def cosine_schedule(optimizer: torch.optim.Optimizer, total_steps: int, warmup_r
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def sync_gradients(params: list[torch.nn.Parameter], world_size: int, extra: torch.Tensor) -> torch.Tensor:
-    """All-reduce-mean the gradients (one flat buffer) plus `extra` scalars; returns the
-    reduced extras. Time spent here = communication + waiting for the slowest rank."""
-    import torch.distributed as dist
-
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads] + [extra.reshape(-1)])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for p, g in zip(params, grads):
-        n = g.numel()
-        if p.grad is None:
-            p.grad = g
-        p.grad.copy_(flat[offset : offset + n].view_as(g))
-        offset += n
-    return flat[offset:] * world_size
-
-
 class PlanSource:
     """A static allocation plan seen as a batch source for one rank (rescale is 1)."""
 
@@ -156,26 +138,29 @@ def train_on_plan(
     precision: str = "fp32",
     grad_accum: int = 1,
     micro_batch_tokens: int = 0,
+    optimizer_name: str = "adamw",
 ) -> list[dict]:
     """Train this rank's share of a plan (or of a dynamic source such as InfoBatch);
     return step records (loss, times).
 
-    With several ranks, forward/backward run under DDP's no_sync and the gradients are
-    then all-reduced explicitly, so each step's compute time and sync time (communication
-    plus waiting for the slowest rank) are measured apart. Pass `optimizer` to keep its
-    state afterwards (default: a fresh AdamW). With `checkpoint_dir`, rank 0 checkpoints
+    `model` is wrapped by `parallel.wrap` (DDP or FSDP2) when there are several ranks: the
+    gradient reduction overlaps the backward, and each step's compute and exposed sync time
+    (communication left over plus waiting for the slowest rank) are still measured apart.
+    Pass `optimizer` to keep its state afterwards (default: `optimizer_name` on the trainable
+    weights). With `checkpoint_dir`, rank 0 (every rank under FSDP: sharded) checkpoints
     every `checkpoint_every` steps and every rank resumes from the last checkpoint.
     `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking.
     `precision` bf16/fp16 autocasts the forward (fp16 with loss scaling); `grad_accum` and
     `micro_batch_tokens` cut each rank's share of a step into micro-batches (see
     micro_batches), whose gradients add up to the whole step's before the one sync."""
-    from contextlib import nullcontext
+    import torch.distributed as dist
 
     source = plan if hasattr(plan, "batches") else PlanSource(plan, rank)
     world = world_size or plan.world_size
     device = device or torch.device("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = optimizer or make_optimizer("adamw", params, lr, weight_decay)
+    opt = optimizer or make_optimizer(optimizer_name, params, lr, weight_decay)
+    sharded = parallel.is_sharded(model)
     total = source.total_steps
     sched = cosine_schedule(opt, total, warmup_ratio)
     w_all = torch.tensor(weights, dtype=torch.float32)
@@ -184,11 +169,11 @@ def train_on_plan(
     distributed = world > 1
     history: list[dict] = []
     position = (0, 0)  # (epoch, step in epoch) to resume at
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    scaler = parallel.grad_scaler(precision, device, model)
     digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
-                        weight_decay, precision, type(opt).__name__)
+                        weight_decay, precision, type(opt).__name__, "fsdp" if sharded else "replicated")
     if checkpoint_dir is not None:
-        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest, scaler)
+        position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest, scaler, sharded)
     model.train()
     t0 = time.perf_counter()
     g = len(history)
@@ -199,19 +184,27 @@ def train_on_plan(
         idx = np.asarray(idx)
         scale = world / float(step_size)
         w = (w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)).to(device)
+        real = len(idx) > 0
+        if not real:  # no sample for this rank in this step: a zero-weight pass keeps the collectives in step
+            idx, w = np.zeros(1, dtype=np.int64), torch.zeros(1, device=device)
         opt.zero_grad(set_to_none=True)
+        parallel.last_bucket_time(model, reset=True)
         parts, loss_sum, tokens = [], torch.zeros((), device=device), 0
-        with model.no_sync() if distributed else nullcontext():
-            for mb in micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens):
-                batch = {k: v.to(device) for k, v in collate([encoded[i] for i in idx[mb]], pad_id).items()}
+        mbs = micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens)
+        for k, mb in enumerate(mbs):
+            batch = {k2: v.to(device) for k2, v in collate([encoded[i] for i in idx[mb]], pad_id).items()}
+            with parallel.gradient_sync(model, k == len(mbs) - 1):
                 with autocast(precision, device):
                     loss, mb_losses = weighted_loss(model, batch, w[torch.as_tensor(mb)], scale)
                 (scaler.scale(loss) if scaler else loss).backward()
+            if real:
                 parts.append(mb_losses.float())
-                loss_sum = loss_sum + loss.detach().float()
                 tokens += int(batch["attention_mask"].sum())
+            loss_sum = loss_sum + loss.detach().float()
+        if not real:
+            idx = idx[:0]
         losses = torch.cat(parts) if parts else torch.zeros(0, device=device)
-        compute_s = time.perf_counter() - ts
+        compute_s = (parallel.last_bucket_time(model) or time.perf_counter()) - ts
         extras = [loss_sum.reshape(1) / scale]  # this rank's sum of w_i l_i
         if source.needs_losses:
             seen = torch.zeros(2 * n)
@@ -219,8 +212,8 @@ def train_on_plan(
             seen[n + torch.as_tensor(idx)] = 1.0
             extras.append(seen.to(device))
         extra = torch.cat(extras)
-        if distributed:
-            extra = sync_gradients(params, world, extra)
+        if distributed:  # waits for the slowest rank: the rest of the exposed sync
+            dist.all_reduce(extra)
         sync_s = time.perf_counter() - ts - compute_s
         if source.needs_losses:
             got = extra[1:].cpu().numpy()
@@ -250,9 +243,9 @@ def train_on_plan(
         g += 1
         if on_step is not None:
             on_step(g, rec)
-        if checkpoint_dir is not None and checkpoint_every and rank == 0 and g % checkpoint_every == 0:
+        if checkpoint_dir is not None and checkpoint_every and g % checkpoint_every == 0 and (rank == 0 or sharded):
             save_checkpoint(checkpoint_dir, model, opt, sched, source, (epoch, step + 1), digest, history,
-                            scaler)
+                            scaler, sharded, rank)
         if rank == 0 and (g % log_every == 1 or g == total):
             el = time.perf_counter() - t0
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, total,

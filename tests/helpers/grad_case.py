@@ -1,9 +1,21 @@
-"""A fixed uneven step: rank 0 trains 3 samples, rank 1 trains 1, with unequal weights."""
+"""A fixed uneven plan over 4 weighted samples: 3 steps for 2 ranks (3 + 1 samples, then
+1 + 2, then 2 + none), and the same global steps for a single process."""
 
+import numpy as np
+
+from clusterft.allocation import AllocationPlan
 from clusterft.data import IGNORE_INDEX, Encoded
 
-CASE_PLAN = [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 3]]
 CASE_WEIGHTS = [0.5, 2.0, 1.0, 0.5]
+CASE_STEPS = [([0, 1, 2], [3]), ([3], [0, 2]), ([1, 0], [])]  # per step: (rank 0's, rank 1's) samples
+
+
+def case_plan(world_size: int) -> AllocationPlan:
+    """The case's steps for 2 ranks, or merged into one rank (same global steps)."""
+    rows = [(0, s, r if world_size > 1 else 0, i)
+            for s, shares in enumerate(CASE_STEPS) for r, share in enumerate(shares) for i in share]
+    table = np.array(sorted(rows, key=lambda r: (r[0], r[1], r[2])), dtype=np.int64)
+    return AllocationPlan(table, world_size, 1, len(CASE_STEPS))
 
 
 def case_samples() -> list[Encoded]:

@@ -1,0 +1,43 @@
+"""Run under torchrun: train a fixed uneven plan (one step leaves rank 1 without a sample)
+with train.strategy STRATEGY; rank 0 saves the final, unsharded weights and every step's
+per-rank timings (OUT.timings.json). With DELAY, rank 1 sleeps DELAY seconds in each forward
+(a straggler).
+
+Usage: torchrun --nproc_per_node=2 tests/helpers/parallel_train.py MODEL_DIR OUT.safetensors STRATEGY [DELAY]
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from clusterft import distributed, parallel
+from clusterft.model import load_model
+from clusterft.train_loop import gather_rank_timings, train_on_plan
+from tests.helpers.grad_case import CASE_WEIGHTS, case_plan, case_samples
+
+
+def main(model_dir: str, out: str, strategy: str, delay: str = "0") -> None:
+    info = distributed.init_distributed()
+    base = load_model(model_dir)
+    if info.rank == 1 and float(delay):
+        base.register_forward_pre_hook(lambda *_: time.sleep(float(delay)))
+    model = parallel.wrap(base, strategy, info)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), info.rank, 0,
+                  lr=0.5, warmup_ratio=0.0, optimizer=opt, world_size=info.world_size)
+    timings = gather_rank_timings(history, info.world_size)
+    weights = parallel.full_state_dict(model)
+    if info.is_main:
+        with open(out + ".timings.json", "w") as f:
+            json.dump(timings, f)
+        save_file({n: t.detach().clone() for n, t in weights.items()}, out)  # tied weights: copies
+    distributed.barrier()
+    distributed.cleanup()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
