@@ -10,6 +10,20 @@ def test_repo_params_load_with_documented_defaults():
     assert cfg.select.methods[0] == "full"
 
 
+def test_repo_params_yaml_lists_every_param_with_its_default():
+    """DVC reads params.yaml itself: a param missing there fails `dvc repro` for every stage
+    that depends on it, so every param is written out, at its default."""
+    import yaml
+
+    from clusterft.config import PipelineConfig, flatten, to_dict
+
+    written = flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
+    defaults = flatten(to_dict(PipelineConfig()))
+    assert sorted(set(defaults) - set(written)) == []
+    differs = {k for k in defaults if k in written and written[k] != defaults[k]}
+    assert differs <= {"model.path", "data.train", "data.validation", "data.test", "paths.artifacts"}, differs
+
+
 def test_unknown_key_names_file_and_key_with_suggestion(tmp_path):
     p = tmp_path / "params.yaml"
     p.write_text("select:\n  budgt: 0.3\n")

@@ -21,11 +21,12 @@ def _weights(mdir):
     return load_file(str(next((mdir / "model").glob("*.safetensors"))))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability, strategy):
-    """Under FSDP every rank writes its shard of the checkpoint and reads it back."""
+@pytest.mark.parametrize("strategy,finetune", [("ddp", "full"), ("fsdp", "full"), ("fsdp", "lora")])
+def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability, strategy, finetune):
+    """Under FSDP every rank writes its shard of the checkpoint and reads it back (with LoRA:
+    only the adapter and its optimizer state, the frozen base is not in the checkpoint)."""
     params, cfg = prepared(tmp_path, lambda p: p["train"].update(
-        epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0, strategy=strategy),
+        epochs=8, per_device_batch=2, checkpoint_every=5, max_restarts=0, strategy=strategy, finetune=finetune),
         upto=("make-benchmark", "prepare-model", "select", "allocate"))
     mdir = cfg.artifact("methods", "full")
     args = ["train", "--params", str(params), "--method", "full"]
@@ -70,6 +71,6 @@ def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliabil
         torch.testing.assert_close(tensor, clean[name], rtol=0, atol=1e-6, msg=name)
     assert not (mdir / "checkpoint").exists()
     assert resumed["strategy"] == strategy
-    reliability(f"SIGKILL of a training rank (torchrun, 2 workers, {strategy})",
+    reliability(f"SIGKILL of a training rank (torchrun, 2 workers, {strategy}, {finetune})",
                 "the run failed; the rerun resumed from the last checkpoint (bit-identical weights)",
                 "yes", recover)

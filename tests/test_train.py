@@ -14,15 +14,18 @@ from tests.conftest import REPO
 from tests.helpers.grad_case import CASE_WEIGHTS, case_plan, case_samples
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_ranks_end_with_the_weights_of_one_process_on_the_same_plan(tiny_model_dir, tmp_path, strategy):
+@pytest.mark.parametrize("strategy,grad_accum", [("ddp", 1), ("fsdp", 1), ("fsdp", 2)])
+def test_two_ranks_end_with_the_weights_of_one_process_on_the_same_plan(tiny_model_dir, tmp_path, strategy,
+                                                                        grad_accum):
     """3 uneven weighted steps (3 + 1 samples, 1 + 2, 2 + none) on 2 gloo ranks under DDP or
     FSDP2 end with the weights one process reaches on the same global steps: each update is
-    the gradient of (1/B) sum_i w_i l_i over the whole step."""
+    the gradient of (1/B) sum_i w_i l_i over the whole step. With 2 micro-batches the ranks
+    run different numbers of passes (FSDP pads them with zero-weight ones)."""
     out = tmp_path / "weights.safetensors"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "tests/helpers/parallel_train.py"), str(tiny_model_dir), str(out), strategy]
+           str(REPO / "tests/helpers/parallel_train.py"), str(tiny_model_dir), str(out), strategy, "0",
+           str(grad_accum)]
     subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)
     two_ranks = load_file(out)
 
@@ -84,3 +87,23 @@ def test_bf16_accumulated_checkpointed_adafactor_training_end_to_end(tmp_path):
     assert all(r["weighted_loss"] == r["weighted_loss"] for r in log)  # finite, no NaN
     assert log[-1]["weighted_loss"] < log[0]["weighted_loss"]
     assert any(f.suffix == ".safetensors" for f in (mdir / "model").iterdir())
+
+
+def test_lora_under_fsdp_saves_the_merged_model(tmp_path):
+    """LoRA adapters sharded with their frozen base (FSDP2, 2 gloo ranks): the unsharded
+    weights are gathered on rank 0 and the adapter is merged into the saved model."""
+    from tests.helpers.project import prepared
+
+    params, cfg = prepared(tmp_path, lambda p: (p["train"].update(finetune="lora", strategy="fsdp", lr=0.05),
+                                                p["lora"].update(target_modules=["q_proj", "v_proj"])),
+                           upto=("make-benchmark", "prepare-model", "select", "allocate"))
+    subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"],
+                   check=True, cwd=REPO, timeout=600)
+    mdir = cfg.method_dir("full")
+    assert json.loads((mdir / "train_metrics.json").read_text())["strategy"] == "fsdp"
+    base, trained = load_model(cfg.model.path), load_model(mdir / "model")
+    names = {n for n, _ in trained.named_parameters()}
+    assert names == {n for n, _ in base.named_parameters()}  # merged: no adapter tensors left
+    changed = [n for n, p in trained.named_parameters()
+               if not torch.equal(p, dict(base.named_parameters())[n])]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)

@@ -273,6 +273,7 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
 
     from clusterft.artifacts import file_digest, write_json
     from clusterft.data import encode_all, load_examples
+    from clusterft.methods import METHODS
     from clusterft.model import base_model_dir, load_tokenizer
     from clusterft.selection import read_selection
 
@@ -286,7 +287,12 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
                                                         cfg.data.max_length)])
     t = cfg.train
     mode = plan_mode(method, clusters)
-    plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode, lengths)
+    if METHODS[method].allocation == "dynamic":  # each epoch's plan is built in training; epoch 0 here
+        from clusterft.dynamic import dynamic_source
+
+        mode, plan = "dynamic", dynamic_source(cfg, out, clusters, lengths, 0).epoch_plan(0)[1]
+    else:
+        plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode, lengths)
     save_plan(out, plan, {"mode": mode, "selection_digest": file_digest(out / "selection.jsonl")})
     seconds = time.perf_counter() - start  # diagnostics and plots below are not part of the cost
     baseline = build_plan(clusters, t.nproc, t.per_device_batch, 1, t.seed, "shuffle", lengths)

@@ -167,6 +167,8 @@ class TrainConfig:
     timeout_s: int = _f(600, "seconds a collective (or the process group's start) may wait for the other "
                         "ranks before the run fails instead of hanging")
     infobatch_prune: float = _f(0.5, "infobatch: fraction of below-mean-loss samples skipped per epoch")
+    dynamic_hard: float = _f(0.0, "cluster_dynamic: share of each cluster's epoch quota given to its "
+                             "unused samples with the highest latest loss (0 = pure rotation)")
     precision: str = _f("fp32", "fp32 | bf16 | fp16 (loss-scaled): autocast of training and evaluation "
                         "forwards; the weights AdamW updates stay fp32")
     grad_accum: int = _f(1, "micro-batches per rank per step; their gradients add up to the whole "
@@ -192,7 +194,8 @@ class EvaluateConfig:
 
 @dataclass
 class ExperimentConfig:
-    methods: list[str] = _f(["full", "random", "cluster", "cluster_paper", "infobatch"], "methods compared")
+    methods: list[str] = _f(["full", "random", "cluster", "cluster_dynamic", "cluster_paper", "infobatch"],
+                            "methods compared")
     budgets: list[float] = _f([0.2, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
     seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
     zero_shot: bool = _f(True, "also score the base model before fine-tuning (the floor)")
@@ -509,6 +512,7 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
     "train.max_restarts": (0, None, (True, True)), "train.timeout_s": (10, None, (True, True)),
     "train.infobatch_prune": (0, 1, (True, False)), "train.grad_accum": (1, None, (True, True)),
     "train.micro_batch_tokens": (0, None, (True, True)),
+    "train.dynamic_hard": (0, 1, (True, True)),
     "select.alpha": (0, None, (True, True)), "select.tau": (0, None, (True, True)),
     "select.paper_ratio": (0, 1, (False, True)), "lora.r": (1, None, (True, True)),
     "lora.alpha": (0, None, (False, True)), "lora.dropout": (0, 1, (True, False)),

@@ -207,7 +207,7 @@ def equal_time_markdown(aggs: list[dict[str, Any]]) -> str:
     """Macro / worst-skill EM of every method at the end-to-end times the budget-free
     methods (InfoBatch, full) and `cluster` were measured at: a comparison at equal wall-clock."""
     full_train = next((a["train_s"] for a in aggs if a["method"] == "full"), None)  # as in aggregate
-    times = sorted({round(a["end_to_end_s"], 1) for a in aggs if a["method"] in ("cluster", "infobatch", "full")})
+    times = sorted({round(a["end_to_end_s"], 1) for a in aggs if a["method"] in ("cluster", "cluster_dynamic", "infobatch", "full")})
     methods = list(dict.fromkeys(a["method"] for a in aggs))
     lines = ["| end-to-end s | x full train | " + " | ".join(methods) + " |",
              "|---|---|" + "---|" * len(methods)]

@@ -345,6 +345,13 @@ def run_features(cfg: Any) -> dict:
             cleanup()
 
 
+def feature_precision(cfg: Any) -> str:
+    """train.precision, except fp32 for lora_grad under fp16: its per-sample backward has no
+    loss scaling, so fp16 gradients could underflow (bf16 has fp32's range)."""
+    p = cfg.train.precision
+    return "fp32" if p == "fp16" and cfg.features.kind == "lora_grad" else p
+
+
 def _run_features(cfg: Any, info: Any, start: float) -> dict:
     """Shard plan -> this rank's missing shards -> rank 0 merges (see run_features)."""
     from clusterft.artifacts import read_json
@@ -362,14 +369,14 @@ def _run_features(cfg: Any, info: Any, start: float) -> dict:
     out = cfg.artifact("features")
     folder, ranges = out / "shards", shard_ranges(len(encoded), fcfg.shard_size)
     if info.is_main:
-        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, fmodel.depends_on, cfg.train.precision))
+        prepare_shard_dir(folder, shard_spec(fcfg, ext.dim, encoded, fmodel.depends_on, feature_precision(cfg)))
     barrier()
     todo = missing_shards(folder, ranges, ext.dim)
     barrier()  # every rank listed the same missing shards before any is written
     mine = todo[info.rank :: info.world_size]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     n_done = compute_shards(ext, encoded, mine, ranges, folder, pad_id,
-                            fcfg.batch_size, info.device, info.rank, cfg.train.precision)
+                            fcfg.batch_size, info.device, info.rank, feature_precision(cfg))
     samples, shards = _sum_over_ranks([n_done, len(mine)], info.device)
     if info.is_main:
         stats = {"samples_computed": samples, "shards_computed": shards,

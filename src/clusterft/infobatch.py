@@ -26,6 +26,7 @@ class InfoBatchSource:
         self.scores = np.ones(n)  # latest loss per sample; 1 until first seen (as InfoBatch)
         self.epoch_scores = self.scores.copy()
         self.kept_per_epoch: list[int] = []
+        self.identity = repr(("infobatch", prune, anneal))  # in the checkpoint's run digest
 
     @property
     def total_steps(self) -> int:

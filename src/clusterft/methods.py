@@ -15,6 +15,7 @@ class Method:
     budget: str | None = "select.budget"  # the param a grid budget sets; None: no budget (all data)
     allocation: str = "plan"         # plan: balanced/shuffled static plan | rank_per_cluster (paper)
                                      # | infobatch: batches drawn per epoch during training
+                                     # | dynamic: a balanced subset drawn per epoch from the pool
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -22,6 +23,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("random", "a uniform random subset of the budget's size, weight 1"),
     Method("cluster", "clusterft: balanced per-cluster quotas, weighted update, DP-aware plan",
            needs=("warmup", "features", "cluster")),
+    Method("cluster_dynamic", "clusterft per epoch: every cluster keeps its quota, the samples inside "
+           "it rotate from epoch to epoch (without replacement until the cluster is used up)",
+           needs=("warmup", "features", "cluster"), allocation="dynamic"),
     Method("cluster_paper", "the CluSTER paper's rules (ratio r = the budget; one rank per cluster)",
            needs=("warmup", "features"), budget="select.paper_ratio", allocation="rank_per_cluster"),
     Method("infobatch", "InfoBatch: prunes well-learned samples per epoch while training", budget=None,

@@ -150,6 +150,39 @@ def _pick(members: np.ndarray, q: int, x: np.ndarray, center: np.ndarray, within
     raise SelectionError(f"select.within must be far, near, random or kcenter, got {within!r}")
 
 
+def cluster_quotas(labels: np.ndarray, k: int, budget: float, split: str, tau: float,
+                   groups: np.ndarray | None) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """(per cluster: its distinct samples and its copies; cluster sizes; quotas): the budget
+    split over clusters by `split`, spent on distinct samples first (see select_cluster)."""
+    sizes = np.bincount(labels, minlength=k)
+    if split not in (*SPLIT_TAU, "power"):
+        raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
+    tau_eff, m = SPLIT_TAU.get(split, tau), budget_count(budget, len(labels))
+    parts = [_distinct_first(np.flatnonzero(labels == c), groups) for c in range(k)]
+    distinct = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    if m <= distinct.sum():
+        quotas = split_budget(distinct, m, tau_eff)
+    else:
+        quotas = distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau_eff)
+    return parts, sizes, quotas
+
+
+def select_cluster_dynamic(labels: np.ndarray, k: int, budget: float, split: str, tau: float, alpha: float,
+                           groups: np.ndarray | None = None) -> tuple[Selection, dict[int, int]]:
+    """cluster_dynamic's pool and per-epoch quotas: every distinct sample of each cluster with
+    a quota (copies too where the quota needs them), each weighted (n_k / q_k)^alpha,
+    normalised to mean 1 over an epoch's draw, so each epoch's weighted loss keeps every
+    cluster's mass as `cluster` does."""
+    parts, sizes, quotas = cluster_quotas(labels, k, budget, split, tau, groups)
+    pool = [first if quotas[c] <= len(first) else np.concatenate([first, copies])
+            for c, (first, copies) in enumerate(parts) if quotas[c] > 0]
+    rows = np.sort(np.concatenate(pool)).astype(np.int64)
+    clusters = labels[rows].astype(np.int64)
+    ratio = np.where(quotas > 0, sizes / np.maximum(quotas, 1), 0.0) ** alpha
+    weights = ratio[clusters] / ((quotas * ratio).sum() / quotas.sum())
+    return Selection(rows, clusters, weights), {int(c): int(q) for c, q in enumerate(quotas) if q > 0}
+
+
 def select_cluster(
     labels: np.ndarray,
     features: np.ndarray,
@@ -170,19 +203,8 @@ def select_cluster(
     still use the full cluster sizes, so the copies' mass is kept."""
     from clusterft.clustering import l2_normalize
 
-    n = len(labels)
-    k = len(centers)
-    sizes = np.bincount(labels, minlength=k)
-    if split not in (*SPLIT_TAU, "power"):
-        raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
     x = l2_normalize(np.asarray(features, dtype=np.float32))
-    tau_eff, m = SPLIT_TAU.get(split, tau), budget_count(budget, n)
-    parts = [_distinct_first(np.flatnonzero(labels == c), groups) for c in range(k)]
-    distinct = np.array([len(p[0]) for p in parts], dtype=np.int64)
-    if m <= distinct.sum():
-        quotas = split_budget(distinct, m, tau_eff)
-    else:
-        quotas = distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau_eff)
+    parts, sizes, quotas = cluster_quotas(labels, len(centers), budget, split, tau, groups)
     rng = np.random.default_rng(seed)
     kept: list[np.ndarray] = []
     for c, (firsts, copies) in enumerate(parts):
@@ -316,37 +338,42 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     n = len(ids)
     groups = duplicate_groups([f"{e.prompt}\n{e.response}" for e in examples])
     s = cfg.select
-    if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
-        sel = select_full(n)
-    elif method == "random":
-        sel = select_random(n, s.budget, s.seed)
-    elif method == "cluster":
+    if method in ("cluster", "cluster_dynamic", "cluster_paper"):
         check_features_current(cfg)
+    if method in ("cluster", "cluster_dynamic"):
         labels = load_npy(cfg.artifact("cluster", "labels.npy"))
         if len(labels) != n:
             raise SelectionError(
                 f"{cfg.artifact('cluster', 'labels.npy')}: {len(labels)} labels for {n} train samples; "
                 "rerun features and cluster on the current data"
             )
-        sel = select_cluster(
-            labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True),
-            load_npy(cfg.artifact("cluster", "centers.npy")), s.budget, s.seed, s.within, s.alpha,
-            s.split, s.tau,
-            groups if s.dedup else None,
-        )
+        centers = load_npy(cfg.artifact("cluster", "centers.npy"))
+    if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
+        sel = select_full(n)
+    elif method == "random":
+        sel = select_random(n, s.budget, s.seed)
+    elif method == "cluster_dynamic":
+        sel, quotas = select_cluster_dynamic(labels, len(centers), s.budget, s.split, s.tau, s.alpha,
+                                             groups if s.dedup else None)
+    elif method == "cluster":
+        sel = select_cluster(labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True), centers,
+                             s.budget, s.seed, s.within, s.alpha, s.split, s.tau, groups if s.dedup else None)
     elif method == "cluster_paper":
-        check_features_current(cfg)
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
                                    s.paper_ratio, s.seed)
     else:
         raise SelectionError(f"unknown select method {method!r}")
+    if method != "cluster_dynamic":  # a static selection trains its own counts every epoch
+        quotas = {int(c): int(q) for c, q in zip(*np.unique(sel.clusters, return_counts=True))}
     out = cfg.method_dir(method, run)
     write_selection(out / "selection.jsonl", sel, ids)
+    write_json(out / "quotas.json", {"per_epoch": sum(quotas.values()), "quotas": quotas})
     metrics = {
         "method": method,
         "n_train": n,
         "n_selected": int(len(sel.rows)),
-        "kept_fraction": len(sel.rows) / n,
+        "trained_per_epoch": sum(quotas.values()),
+        "kept_fraction": sum(quotas.values()) / n,  # trained per epoch
         "kept_distinct": int(len(np.unique(groups[sel.rows]))),
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),

@@ -108,6 +108,11 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
 
         source = InfoBatchSource(len(encoded), info.world_size, cfg.train.per_device_batch, cfg.train.epochs,
                                  cfg.train.seed, info.rank, cfg.train.infobatch_prune)
+    elif METHODS[method].allocation == "dynamic":
+        from clusterft.dynamic import dynamic_source
+
+        source = dynamic_source(cfg, mdir, np.asarray(sel["cluster"]), np.array([e.n_tokens for e in encoded]),
+                                info.rank)
     live = LiveTraining(cfg, method, run or method, len(encoded)) if info.is_main and cfg.tracking.live else None
     history = train_on_plan(
         model, encoded, np.asarray(sel["weight"]), source, info.rank, tokenizer.pad_token_id,

@@ -171,7 +171,8 @@ def train_on_plan(
     position = (0, 0)  # (epoch, step in epoch) to resume at
     scaler = parallel.grad_scaler(precision, device, model)
     digest = run_digest(getattr(source, "plan", None) or plan_stub(source), weights, lr, warmup_ratio,
-                        weight_decay, precision, type(opt).__name__, "fsdp" if sharded else "replicated")
+                        weight_decay, precision, type(opt).__name__, "fsdp" if sharded else "replicated",
+                        getattr(source, "identity", ""))
     if checkpoint_dir is not None:
         position, history = load_checkpoint(checkpoint_dir, model, opt, sched, source, digest, scaler, sharded)
     model.train()
@@ -190,14 +191,20 @@ def train_on_plan(
         opt.zero_grad(set_to_none=True)
         parallel.last_bucket_time(model, reset=True)
         parts, loss_sum, tokens = [], torch.zeros((), device=device), 0
-        mbs = micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens)
+        mbs: list = micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens)
+        if sharded and distributed:  # FSDP gathers every layer in every pass: same count on every rank
+            count = torch.tensor([len(mbs)], device=device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            mbs += [None] * (int(count.item()) - len(mbs))  # zero-weight passes
         for k, mb in enumerate(mbs):
-            batch = {k2: v.to(device) for k2, v in collate([encoded[i] for i in idx[mb]], pad_id).items()}
+            rows, w_mb = (idx[mb], w[torch.as_tensor(mb)]) if mb is not None else \
+                ([0], torch.zeros(1, device=device))
+            batch = {k2: v.to(device) for k2, v in collate([encoded[i] for i in rows], pad_id).items()}
             with parallel.gradient_sync(model, k == len(mbs) - 1):
                 with autocast(precision, device):
-                    loss, mb_losses = weighted_loss(model, batch, w[torch.as_tensor(mb)], scale)
+                    loss, mb_losses = weighted_loss(model, batch, w_mb, scale)
                 (scaler.scale(loss) if scaler else loss).backward()
-            if real:
+            if real and mb is not None:
                 parts.append(mb_losses.float())
                 tokens += int(batch["attention_mask"].sum())
             loss_sum = loss_sum + loss.detach().float()

@@ -1,9 +1,10 @@
 """Run under torchrun: train a fixed uneven plan (one step leaves rank 1 without a sample)
 with train.strategy STRATEGY; rank 0 saves the final, unsharded weights and every step's
 per-rank timings (OUT.timings.json). With DELAY, rank 1 sleeps DELAY seconds in each forward
-(a straggler).
+(a straggler); with GRAD_ACCUM, each rank's share of a step is cut into that many
+micro-batches (ranks then run different numbers of passes).
 
-Usage: torchrun --nproc_per_node=2 tests/helpers/parallel_train.py MODEL_DIR OUT.safetensors STRATEGY [DELAY]
+Usage: torchrun --nproc_per_node=2 tests/helpers/parallel_train.py MODEL_DIR OUT STRATEGY [DELAY [GRAD_ACCUM]]
 """
 
 import json
@@ -20,7 +21,7 @@ from clusterft.train_loop import gather_rank_timings, train_on_plan
 from tests.helpers.grad_case import CASE_WEIGHTS, case_plan, case_samples
 
 
-def main(model_dir: str, out: str, strategy: str, delay: str = "0") -> None:
+def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: str = "1") -> None:
     info = distributed.init_distributed()
     base = load_model(model_dir)
     if info.rank == 1 and float(delay):
@@ -28,7 +29,8 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0") -> None:
     model = parallel.wrap(base, strategy, info)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), info.rank, 0,
-                  lr=0.5, warmup_ratio=0.0, optimizer=opt, world_size=info.world_size)
+                  lr=0.5, warmup_ratio=0.0, optimizer=opt, world_size=info.world_size,
+                  grad_accum=int(grad_accum))
     timings = gather_rank_timings(history, info.world_size)
     weights = parallel.full_state_dict(model)
     if info.is_main:
