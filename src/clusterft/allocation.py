@@ -297,8 +297,8 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
     seconds = time.perf_counter() - start  # diagnostics and plots below are not part of the cost
     baseline = build_plan(clusters, t.nproc, t.per_device_batch, 1, t.seed, "shuffle", lengths)
     metrics = {
-        "method": method, "mode": mode, "world_size": plan.world_size, "epochs": plan.epochs,
-        "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.epochs * plan.steps_per_epoch,
+        "method": method, "mode": mode, "world_size": plan.world_size, "epochs": t.epochs,
+        "steps_per_epoch": plan.steps_per_epoch, "total_steps": t.epochs * plan.steps_per_epoch,
         **plan_metrics(plan, clusters, lengths),
         **{f"shuffled_{k}": v for k, v in plan_metrics(baseline, clusters, lengths).items()},
         "wall_clock_s": seconds,
