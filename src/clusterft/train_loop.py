@@ -185,17 +185,16 @@ def train_on_plan(
         idx = np.asarray(idx)
         scale = world / float(step_size)
         w = (w_all[idx] * torch.as_tensor(rescale, dtype=torch.float32)).to(device)
-        real = len(idx) > 0
-        if not real:  # no sample for this rank in this step: a zero-weight pass keeps the collectives in step
-            idx, w = np.zeros(1, dtype=np.int64), torch.zeros(1, device=device)
         opt.zero_grad(set_to_none=True)
         parallel.last_bucket_time(model, reset=True)
         parts, loss_sum, tokens = [], torch.zeros((), device=device), 0
         mbs: list = micro_batches(len(idx), lengths[idx], grad_accum, micro_batch_tokens)
+        passes = max(len(mbs), 1) if distributed else len(mbs)  # a rank without samples still syncs
         if sharded and distributed:  # FSDP gathers every layer in every pass: same count on every rank
-            count = torch.tensor([len(mbs)], device=device)
+            count = torch.tensor([passes], device=device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            mbs += [None] * (int(count.item()) - len(mbs))  # zero-weight passes
+            passes = int(count.item())
+        mbs += [None] * (passes - len(mbs))  # zero-weight passes
         for k, mb in enumerate(mbs):
             rows, w_mb = (idx[mb], w[torch.as_tensor(mb)]) if mb is not None else \
                 ([0], torch.zeros(1, device=device))
@@ -204,12 +203,10 @@ def train_on_plan(
                 with autocast(precision, device):
                     loss, mb_losses = weighted_loss(model, batch, w_mb, scale)
                 (scaler.scale(loss) if scaler else loss).backward()
-            if real and mb is not None:
+            if mb is not None:
                 parts.append(mb_losses.float())
                 tokens += int(batch["attention_mask"].sum())
             loss_sum = loss_sum + loss.detach().float()
-        if not real:
-            idx = idx[:0]
         losses = torch.cat(parts) if parts else torch.zeros(0, device=device)
         compute_s = (parallel.last_bucket_time(model) or time.perf_counter()) - ts
         extras = [loss_sum.reshape(1) / scale]  # this rank's sum of w_i l_i
