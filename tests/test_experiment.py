@@ -80,3 +80,16 @@ def test_tiny_experiment_end_to_end(tmp_path):
                           report_only=True)  # seed 5 never ran: reported without it, not trained
     assert {a["seeds"] for a in part["aggregate"]} == {1}
     assert not (tmp_path / "artifacts/experiments/full-s5").exists()
+
+
+def test_time_budgets_are_their_own_series_but_pool_at_equal_time():
+    specs = grid(["full", "random", "cluster_paper"], [0.3], [0], [0.4])
+    assert [s.name for s in specs] == ["full-s0", "random-b0.3-s0", "random-t0.4-s0", "cluster_paper-b0.3-s0"]
+    assert "select.time_budget=0.4" in specs[2].overrides() and specs[2].label == "random-t0.4"
+    assert RunSpec("random", None, 0, 1e6).name == "random-t1000000-s0"  # a valid run folder name
+
+    def agg(method, base, t, em):
+        return {"method": method, "base_method": base, "end_to_end_s": t, "macro_em": em}
+
+    aggs = [agg("cluster", "cluster", 20.0, 0.4), agg("cluster-t0.5", "cluster", 60.0, 0.8)]
+    assert at_equal_time(aggs, 50.0, "macro_em")["cluster"] == (0.7, True)

@@ -290,15 +290,17 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
     if METHODS[method].allocation == "dynamic":  # each epoch's plan is built in training; epoch 0 here
         from clusterft.dynamic import dynamic_source
 
-        mode, plan = "dynamic", dynamic_source(cfg, out, clusters, lengths, 0).epoch_plan(0)[1]
+        source = dynamic_source(cfg, out, clusters, lengths, 0)
+        mode, plan, epochs = "dynamic", source.epoch_plan(0)[1], source.epochs
     else:
+        epochs = t.epochs
         plan = build_plan(clusters, t.nproc, t.per_device_batch, t.epochs, t.seed, mode, lengths)
     save_plan(out, plan, {"mode": mode, "selection_digest": file_digest(out / "selection.jsonl")})
     seconds = time.perf_counter() - start  # diagnostics and plots below are not part of the cost
     baseline = build_plan(clusters, t.nproc, t.per_device_batch, 1, t.seed, "shuffle", lengths)
     metrics = {
-        "method": method, "mode": mode, "world_size": plan.world_size, "epochs": t.epochs,
-        "steps_per_epoch": plan.steps_per_epoch, "total_steps": t.epochs * plan.steps_per_epoch,
+        "method": method, "mode": mode, "world_size": plan.world_size, "epochs": epochs,
+        "steps_per_epoch": plan.steps_per_epoch, "total_steps": epochs * plan.steps_per_epoch,
         **plan_metrics(plan, clusters, lengths),
         **{f"shuffled_{k}": v for k, v in plan_metrics(baseline, clusters, lengths).items()},
         "wall_clock_s": seconds,

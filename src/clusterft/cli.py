@@ -2,7 +2,8 @@
 
 Every subcommand takes `--params FILE` and any number of `--set section.key=value`
 overrides. Stages with a method (`select`, `allocate`, `train`, `evaluate`) take
-`--method`. `train` re-launches itself under torchrun when train.nproc > 1.
+`--method`. Stages with workers (`features`, `probe`, `train`) re-launch themselves under
+torchrun when they run more than one process.
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ def _run_stage(cfg: Any, st: Any, args: argparse.Namespace) -> None:
 
         run_experiment(args.params, args.overrides, report_only=args.report_only)
         return
-    workers = cfg.value(st.workers) if st.workers else 1
-    if workers > 1 and not _under_torchrun():  # re-run this same command under torchrun
+    if st.nproc(cfg) > 1 and not _under_torchrun():  # re-run this same command under torchrun
         from clusterft.distributed import launch_stage
 
         launch_stage(cfg, st.name, args.params, args.overrides, args.method if st.per_method else None,

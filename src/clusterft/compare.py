@@ -10,21 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from clusterft.artifacts import read_json
-from clusterft.methods import METHODS
+from clusterft.methods import paid_stages
 from clusterft.stages import STAGES
 
-SHARED_STAGES = tuple(s.name for s in STAGES if s.selection)  # warmup, features, cluster
+SHARED_STAGES = tuple(s.name for s in STAGES if s.selection)  # warmup, features, cluster, probe
 
 
 def collect(cfg: Any) -> dict[str, Any]:
     """Read every stage's metrics JSON: {'shared': {stage: m}, 'methods': {method: {stage: m}}}."""
     shared = {s.name: read_json(s.metrics_path(cfg)) for s in STAGES
               if s.selection and s.metrics_path(cfg).exists()}
+    shared = {k: v for k, v in shared.items() if not v.get("skipped")}  # the probe without a time budget
     methods = {}
     for method in cfg.select.methods:
         methods[method] = {s.name: read_json(s.metrics_path(cfg, method)) for s in STAGES
                            if s.per_method and s.metrics_path(cfg, method).exists()}
-    return {"shared": shared, "methods": methods}
+    return {"shared": shared, "methods": methods, "time_budget": cfg.select.time_budget}
 
 
 def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,13 +34,16 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for method, st in collected["methods"].items():
         row: dict[str, Any] = {"method": method}
+        paid = paid_stages(method, collected.get("time_budget", 0.0))
         for s in SHARED_STAGES:
-            needed = s in METHODS[method].needs
+            needed = s in paid
             row[f"{s}_s"] = shared.get(s, {}).get("wall_clock_s", 0.0) if needed else 0.0
         for s in ("select", "allocate", "train"):
             row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))
         row["end_to_end_s"] = sum(row[f"{s}_s"] for s in (*SHARED_STAGES, "select", "allocate", "train"))
         row["kept_fraction"] = st.get("select", {}).get("kept_fraction", float("nan"))
+        row["planned_end_to_end_s"] = st.get("select", {}).get("time_plan", {}).get("planned_end_to_end_s",
+                                                                                    float("nan"))
         row["truncated_fraction"] = st.get("train", {}).get("truncation", {}).get("truncated_fraction", float("nan"))
         ev = st.get("evaluate", {})
         row["macro_em"] = ev.get("macro_exact_match", float("nan"))
@@ -58,16 +62,22 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _planned(row: dict[str, Any]) -> str:
+    p = row["planned_end_to_end_s"]
+    return "-" if p != p else f"{p:.1f}"  # NaN: no time budget
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| method | kept | warmup s | features s | cluster s | select s | allocate s | train s "
-            "| end-to-end s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss "
+    head = ("| method | kept | warmup s | features s | cluster s | probe s | select s | allocate s | train s "
+            "| end-to-end s | planned s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss "
             "| truncated |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['kept_fraction']:.1%} | {r['warmup_s']:.1f} | {r['features_s']:.1f} "
-            f"| {r['cluster_s']:.1f} | {r['select_s']:.1f} | {r['allocate_s']:.1f} | {r['train_s']:.1f} "
-            f"| {r['end_to_end_s']:.1f} | {r['saving_vs_full_pct']:.1f}% | {r['macro_em']:.3f} "
+            f"| {r['cluster_s']:.1f} | {r['probe_s']:.1f} | {r['select_s']:.1f} | {r['allocate_s']:.1f} "
+            f"| {r['train_s']:.1f} | {r['end_to_end_s']:.1f} | {_planned(r)} "
+            f"| {r['saving_vs_full_pct']:.1f}% | {r['macro_em']:.3f} "
             f"| {r['macro_em_delta_pts']:+.1f} | {r['worst_skill_em']:.3f} ({r['worst_skill']}) "
             f"| {r['heldout_loss']:.4f} | {r['truncated_fraction']:.1%} |"
         )

@@ -149,6 +149,12 @@ class SelectConfig:
                      "the rest of the budget goes to other clusters")
     paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
+    time_budget: float = _f(0.0, "plan the data budget from a time budget instead (0 = off): a fraction "
+                            "(<= 1) of the estimated full-data training time, or seconds (> 1), selection "
+                            "stages included; sets select.budget (and cluster_dynamic's epochs) for "
+                            "random, cluster and cluster_dynamic")
+    probe_steps: int = _f(12, "time_budget: training steps the probe stage times on the real setup "
+                          "(samples of similar size per step, short to long)")
 
 
 @dataclass
@@ -198,6 +204,9 @@ class ExperimentConfig:
                             "methods compared")
     budgets: list[float] = _f([0.2, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
     seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
+    time_budgets: list[float] = _f([], "time budgets (select.time_budget) each of random, cluster and "
+                                   "cluster_dynamic also runs with (e.g. [0.3]; a budget no run can meet "
+                                   "is refused before any run trains)")
     zero_shot: bool = _f(True, "also score the base model before fine-tuning (the floor)")
 
 
@@ -418,6 +427,9 @@ def validate(cfg: PipelineConfig, label: str = "params") -> None:
     for b in cfg.experiment.budgets:
         if not 0 < b <= 1:
             bad("experiment.budgets", f"each budget must be a fraction in (0, 1], got {b}")
+    for tb in cfg.experiment.time_budgets:
+        if tb <= 0:
+            bad("experiment.time_budgets", f"each time budget must be > 0 (a fraction <= 1 or seconds), got {tb}")
     for key in ("train.epochs", "train.per_device_batch", "warmup.epochs", "warmup.batch_size",
                 "data.max_length", "features.batch_size", "features.dim", "features.shard_size",
                 "features.nproc", "evaluate.batch_size"):
@@ -513,6 +525,7 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
     "train.infobatch_prune": (0, 1, (True, False)), "train.grad_accum": (1, None, (True, True)),
     "train.micro_batch_tokens": (0, None, (True, True)),
     "train.dynamic_hard": (0, 1, (True, True)),
+    "select.time_budget": (0, None, (True, True)), "select.probe_steps": (3, None, (True, True)),
     "select.alpha": (0, None, (True, True)), "select.tau": (0, None, (True, True)),
     "select.paper_ratio": (0, 1, (False, True)), "lora.r": (1, None, (True, True)),
     "lora.alpha": (0, None, (False, True)), "lora.dropout": (0, 1, (True, False)),

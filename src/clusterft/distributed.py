@@ -91,7 +91,7 @@ def launch_stage(cfg: Any, name: str, params: str, overrides: list[str], method:
     st = stage(name)
     if st.check is not None:
         st.check(cfg, method, run) if st.per_method else st.check(cfg)
-    launch(cfg.value(st.workers) if st.workers else 1, stage_argv(name, params, overrides, method, run),
+    launch(st.nproc(cfg), stage_argv(name, params, overrides, method, run),
            max_restarts=cfg.value(st.restarts) if st.restarts else 0)
 
 

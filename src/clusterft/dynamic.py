@@ -113,10 +113,12 @@ class ClusterDynamicSource:
 
 
 def dynamic_source(cfg, mdir, clusters: np.ndarray, lengths: np.ndarray, rank: int) -> ClusterDynamicSource:
-    """The source for methods/<m>/ (its pool's clusters and lengths; quotas.json from select)."""
+    """The source for methods/<m>/ (its pool's clusters and lengths; quotas and epochs from
+    select's quotas.json)."""
     from clusterft.artifacts import read_json
 
-    quotas = {int(c): q for c, q in read_json(mdir / "quotas.json")["quotas"].items()}
-    t = cfg.train
-    return ClusterDynamicSource(clusters, quotas, lengths, t.nproc, t.per_device_batch, t.epochs, t.seed, rank,
-                                t.dynamic_hard)
+    doc = read_json(mdir / "quotas.json")
+    quotas = {int(c): q for c, q in doc["quotas"].items()}
+    t = cfg.train  # epochs: select's (a time budget may run fewer)
+    return ClusterDynamicSource(clusters, quotas, lengths, t.nproc, t.per_device_batch, doc.get("epochs", t.epochs),
+                                t.seed, rank, t.dynamic_hard)

@@ -39,3 +39,14 @@ def method(name: str) -> Method:
         return METHODS[name]
     except KeyError:
         raise KeyError(f"unknown method {name!r}; known: {', '.join(METHODS)}") from None
+
+
+def time_budgeted(name: str, time_budget: float) -> bool:
+    """True when select.time_budget sets this method's data budget (its budget is select.budget)."""
+    return bool(time_budget) and METHODS[name].budget == "select.budget"
+
+
+def paid_stages(name: str, time_budget: float = 0.0) -> tuple[str, ...]:
+    """Once-per-dataset stages whose time the method's end-to-end time includes: what it
+    needs, plus the training probe when a time budget plans its data budget."""
+    return METHODS[name].needs + (("probe",) if time_budgeted(name, time_budget) else ())

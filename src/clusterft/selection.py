@@ -325,12 +325,112 @@ def check_features_current(cfg) -> None:
             f"of {feats}; rerun cluster (`dvc repro` does)")
 
 
+def _choose(cfg, method: str, budget: float, n: int, groups: np.ndarray, labels, centers) -> tuple[Selection, dict]:
+    """The method's selection under `budget`, and its per-epoch quota per cluster."""
+    from clusterft.artifacts import load_npy
+
+    s = cfg.select
+    if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
+        sel = select_full(n)
+    elif method == "random":
+        sel = select_random(n, budget, s.seed)
+    elif method == "cluster_dynamic":
+        sel, quotas = select_cluster_dynamic(labels, len(centers), budget, s.split, s.tau, s.alpha,
+                                             groups if s.dedup else None)
+        return sel, quotas
+    elif method == "cluster":
+        sel = select_cluster(labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True), centers,
+                             budget, s.seed, s.within, s.alpha, s.split, s.tau, groups if s.dedup else None)
+    elif method == "cluster_paper":
+        sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
+                                   s.paper_ratio, s.seed)
+    else:
+        raise SelectionError(f"unknown select method {method!r}")
+    # a static selection trains its own counts every epoch
+    return sel, {int(c): int(q) for c, q in zip(*np.unique(sel.clusters, return_counts=True))}
+
+
+def _epoch_chars(cfg, sel: Selection, chars: np.ndarray) -> float:
+    """Characters a batch of the selection (a dynamic run: of its pool) pads to."""
+    from clusterft.probe import padded_chars
+
+    return padded_chars(chars[sel.rows], cfg.train.per_device_batch, cfg.train.seed)
+
+
+def _epoch_plan_s(cfg, sel: Selection, quotas: dict, chars: np.ndarray) -> float:
+    """Seconds cluster_dynamic spends building one epoch's plan (a steady one, timed here)."""
+    import time
+
+    from clusterft.dynamic import ClusterDynamicSource
+
+    t = cfg.train
+    src = ClusterDynamicSource(sel.clusters, quotas, chars[sel.rows], t.nproc, t.per_device_batch, 2, t.seed, 0)
+    src.epoch_plan(0)  # the first call pays one-off costs
+    start = time.perf_counter()
+    src.epoch_plan(1)
+    return time.perf_counter() - start
+
+
+def time_plan(cfg, method: str, examples: list, k: int, elapsed_s: float, chars_sel: float | None = None,
+              per_epoch_s: float = 0.0):
+    """The TimePlan for select.time_budget: the probe's time model, the paid selection stages
+    plus `elapsed_s` of select so far, at least max(k, nproc) samples per epoch; samples of
+    the data's size unless `chars_sel` (padded characters) is given. TimeBudgetError when it
+    cannot fit."""
+    from clusterft.methods import paid_stages
+    from clusterft.probe import padded_chars, read_probe, sample_chars
+    from clusterft.stages import shared_times
+    from clusterft.timebudget import TimeModel, plan_time_budget
+
+    s, t = cfg.select, cfg.train
+    done = shared_times(cfg)
+    spent = sum(done[st] for st in paid_stages(method, s.time_budget)) + elapsed_s
+    chars_all = padded_chars(np.array([sample_chars(e) for e in examples]), t.per_device_batch, t.seed)
+    return plan_time_budget(s.time_budget, TimeModel.from_probe(read_probe(cfg)), spent, len(examples), chars_all,
+                            chars_sel or chars_all, t.epochs, max(k, t.nproc),
+                            METHODS[method].allocation == "dynamic", per_epoch_s)
+
+
+def _time_planned(cfg, method: str, examples: list, choose, k: int, started: float):
+    """Selection, quotas and TimePlan for select.time_budget: plan at the data's sample
+    sizes, select, then re-plan at the selection's own (and dynamic epoch cost)."""
+    import time
+
+    from clusterft.probe import sample_chars
+
+    n = len(examples)
+    plan = time_plan(cfg, method, examples, k, time.perf_counter() - started)
+
+    def as_budget(m: int) -> float:
+        return float(m) if m > 1 else 1.0 / n
+
+    sel, quotas = choose(as_budget(plan.samples_per_epoch))
+    chars = np.array([sample_chars(e) for e in examples], dtype=np.float64)
+    dynamic = METHODS[method].allocation == "dynamic"
+    per_epoch = _epoch_plan_s(cfg, sel, quotas, chars) if dynamic else 0.0
+    again = time_plan(cfg, method, examples, k, time.perf_counter() - started, _epoch_chars(cfg, sel, chars),
+                      per_epoch)
+    if again.samples_per_epoch != plan.samples_per_epoch:
+        sel, quotas = choose(as_budget(again.samples_per_epoch))
+    return sel, quotas, again
+
+
+def cluster_count(cfg) -> int:
+    """Non-empty clusters of the cluster stage's labels."""
+    from clusterft.artifacts import load_npy
+
+    return int(len(np.unique(load_npy(cfg.artifact("cluster", "labels.npy")))))
+
+
 def run_select(cfg, method: str, run: str | None = None) -> dict:
-    """Stage `select`: writes methods/<method>/selection.jsonl and select_metrics.json."""
+    """Stage `select`: writes methods/<method>/selection.jsonl, quotas.json (per-epoch quota
+    per cluster; the epochs when a time budget chose them) and select_metrics.json (with the
+    time plan under a time budget)."""
     import time
 
     from clusterft.artifacts import load_npy, write_json
     from clusterft.data import load_examples
+    from clusterft.methods import time_budgeted
 
     start = time.perf_counter()
     examples = load_examples(cfg, "train")
@@ -340,6 +440,7 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
     s = cfg.select
     if method in ("cluster", "cluster_dynamic", "cluster_paper"):
         check_features_current(cfg)
+    labels = centers = None
     if method in ("cluster", "cluster_dynamic"):
         labels = load_npy(cfg.artifact("cluster", "labels.npy"))
         if len(labels) != n:
@@ -348,35 +449,32 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
                 "rerun features and cluster on the current data"
             )
         centers = load_npy(cfg.artifact("cluster", "centers.npy"))
-    if METHODS[method].budget is None:  # full; infobatch prunes during training, not before
-        sel = select_full(n)
-    elif method == "random":
-        sel = select_random(n, s.budget, s.seed)
-    elif method == "cluster_dynamic":
-        sel, quotas = select_cluster_dynamic(labels, len(centers), s.budget, s.split, s.tau, s.alpha,
-                                             groups if s.dedup else None)
-    elif method == "cluster":
-        sel = select_cluster(labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True), centers,
-                             s.budget, s.seed, s.within, s.alpha, s.split, s.tau, groups if s.dedup else None)
-    elif method == "cluster_paper":
-        sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
-                                   s.paper_ratio, s.seed)
+
+    def choose(budget: float) -> tuple[Selection, dict]:
+        return _choose(cfg, method, budget, n, groups, labels, centers)
+
+    planned, epochs = None, cfg.train.epochs
+    if time_budgeted(method, s.time_budget):
+        k = int(len(np.unique(labels))) if labels is not None else 0
+        sel, quotas, planned = _time_planned(cfg, method, examples, choose, k, start)
+        epochs = planned.epochs
     else:
-        raise SelectionError(f"unknown select method {method!r}")
-    if method != "cluster_dynamic":  # a static selection trains its own counts every epoch
-        quotas = {int(c): int(q) for c, q in zip(*np.unique(sel.clusters, return_counts=True))}
+        sel, quotas = choose(s.budget)
     out = cfg.method_dir(method, run)
     write_selection(out / "selection.jsonl", sel, ids)
-    write_json(out / "quotas.json", {"per_epoch": sum(quotas.values()), "quotas": quotas})
+    planned_epochs = {"epochs": epochs} if planned else {}  # else train.epochs, as for every method
+    write_json(out / "quotas.json", {"per_epoch": sum(quotas.values()), "quotas": quotas, **planned_epochs})
     metrics = {
         "method": method,
         "n_train": n,
         "n_selected": int(len(sel.rows)),
         "trained_per_epoch": sum(quotas.values()),
+        "epochs": epochs,
         "kept_fraction": sum(quotas.values()) / n,  # trained per epoch
         "kept_distinct": int(len(np.unique(groups[sel.rows]))),
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),
+        **({"time_plan": planned.record()} if planned else {}),
         "wall_clock_s": time.perf_counter() - start,  # the plots below are not part of the cost
     }
     write_json(out / "select_metrics.json", metrics)

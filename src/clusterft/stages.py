@@ -27,6 +27,7 @@ class Stage:
     preflight: str | None = None     # "module:function" run once before torchrun: input errors that
                                      # would repeat on every rank and restart are refused up front
     selection: bool = False          # once-per-dataset selection stage (timed into the methods that need it)
+    when: str | None = None          # param that switches the stage on; off: one process writes a skip record
     deps: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     outs: tuple[str, ...] = ()
@@ -43,6 +44,12 @@ class Stage:
     def check(self) -> Callable[..., Any] | None:
         return _load(self.preflight) if self.preflight else None
 
+    def nproc(self, cfg: Any) -> int:
+        """Processes the stage runs as for `cfg` (torchrun's nproc when above 1)."""
+        if self.workers is None or (self.when is not None and not cfg.value(self.when)):
+            return 1
+        return int(cfg.value(self.workers))
+
     def path(self, cfg: Any, template: str, method: str | None = None, run: str | None = None) -> Path:
         """A declared path resolved for `cfg` (and a method's folder)."""
         art = str(cfg.paths.artifacts)
@@ -56,8 +63,11 @@ class Stage:
 
 
 SRC = "src/clusterft"
+# what sets training speed (the probe's DVC params and digest) and which samples it times
+PROBE_TRAIN_KEYS = ("nproc", "finetune", "per_device_batch", "precision", "grad_accum", "micro_batch_tokens",
+                    "activation_checkpointing", "optimizer", "strategy", "checkpoint_every", "seed", "timeout_s")
 _SEL = ("select.budget", "select.split", "select.tau", "select.within", "select.alpha", "select.dedup",
-        "select.paper_ratio", "select.seed", "train.nproc")
+        "select.paper_ratio", "select.seed", "select.time_budget", "train.nproc")
 
 STAGES: tuple[Stage, ...] = (
     Stage("make-benchmark", "benchmark:run_make_benchmark",
@@ -85,10 +95,19 @@ STAGES: tuple[Stage, ...] = (
     Stage("cluster", "clustering:run_cluster", "k-means on the normalised features", selection=True,
           deps=(f"{SRC}/clustering.py", "{art}/features/features.npy"), params=("cluster",),
           outs=("{art}/cluster/labels.npy", "{art}/cluster/centers.npy"), metrics=("{art}/cluster/metrics.json",)),
+    Stage("probe", "probe:run_probe", "time a few steps of the real training setup (for select.time_budget)",
+          workers="train.nproc", selection=True, when="select.time_budget",
+          deps=(f"{SRC}/probe.py", f"{SRC}/train.py", f"{SRC}/train_loop.py", f"{SRC}/parallel.py",
+                f"{SRC}/model.py", f"{SRC}/data.py", "${data.train}", "${model.path}"),
+          params=("select.time_budget", "select.probe_steps", *(f"train.{k}" for k in PROBE_TRAIN_KEYS),
+                  "lora", "data", "model"),
+          metrics=("{art}/probe/metrics.json",)),
     Stage("select", "selection:run_select", "choose the training subset and its per-sample weights",
           per_method=True,
-          deps=(f"{SRC}/selection.py", "${data.train}", "{art}/cluster/labels.npy", "{art}/features/features.npy"),
-          params=_SEL, outs=("{run}/selection.jsonl", "{run}/quotas.json"), metrics=("{run}/select_metrics.json",),
+          deps=(f"{SRC}/selection.py", f"{SRC}/timebudget.py", f"{SRC}/probe.py", f"{SRC}/methods.py",
+                f"{SRC}/dynamic.py", "${data.train}", "{art}/cluster/labels.npy",
+                "{art}/features/features.npy", "{art}/probe/metrics.json"),
+          params=(*_SEL, "train.epochs", "train.per_device_batch"), outs=("{run}/selection.jsonl", "{run}/quotas.json"), metrics=("{run}/select_metrics.json",),
           plots=("{run}/plots/weights.png", "{run}/plots/cluster_sizes.png")),
     Stage("allocate", "allocation:run_allocate", "plan which sample each rank trains at each step",
           per_method=True,
@@ -109,12 +128,12 @@ STAGES: tuple[Stage, ...] = (
           deps=(f"{SRC}/evaluate.py", "${data.test}", "${data.validation}", "{run}/model"),
           params=("evaluate",), metrics=("{run}/eval.json",)),
     Stage("compare", "compare:run_compare", "table of time and accuracy per method; MLflow runs",
-          deps=(f"{SRC}/compare.py", "{art}/methods"), params=("select.methods", "tracking"),
+          deps=(f"{SRC}/compare.py", "{art}/methods"), params=("select.methods", "select.time_budget", "tracking"),
           uncached=("{art}/report/compare.md",), metrics=("{art}/report/compare.json",)),
     Stage("experiment", "experiment:run_experiment",
           "methods x budgets x seeds grid and its report (resumes finished runs)",
           deps=(f"{SRC}/experiment.py", f"{SRC}/train.py", f"{SRC}/train_loop.py", f"{SRC}/selection.py",
-                f"{SRC}/allocation.py",
+                f"{SRC}/allocation.py", f"{SRC}/probe.py", f"{SRC}/timebudget.py",
                 "${data.train}", "${data.validation}", "${data.test}", "${model.path}"),
           params=("experiment", "data", "model", "lora", "warmup", "features", "cluster", "select", "train",
                   "evaluate"),
@@ -139,6 +158,18 @@ def builtin_model_path(cfg: Any) -> Path:
     """Where prepare-model builds the built-in tiny model."""
     st = stage("prepare-model")
     return st.path(cfg, st.outs[0])
+
+
+def shared_times(cfg: Any) -> dict[str, float]:
+    """Wall-clock of the once-per-dataset selection stages (0 when absent)."""
+    import json
+
+    out = {}
+    for st in STAGES:
+        if st.selection:
+            p = st.metrics_path(cfg)
+            out[st.name] = json.loads(p.read_text())["wall_clock_s"] if p.exists() else 0.0
+    return out
 
 
 def stage_functions() -> dict[str, Callable[..., Any]]:

@@ -49,6 +49,20 @@ def save_trained(model: Any, tokenizer: Any, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
+def plain_model(cfg: Any, model: Any, info: Any) -> Any:
+    """The trained model as one plain module on rank 0 (FSDP shards gathered; collective)."""
+    from clusterft import parallel
+
+    if not parallel.is_sharded(model):
+        return parallel.unwrap(model)
+    weights = parallel.full_state_dict(model)
+    if not info.is_main:
+        return None
+    trained = _build_model(cfg, torch.device("cpu"))[0]
+    trained.load_state_dict(weights)
+    return trained
+
+
 def check_plan(mdir: Path, world_size: int) -> Any:
     """The method folder's plan, refused (AllocationError) when it is missing, was built from
     another selection.jsonl (its digest is in plan.json) or for another number of workers."""
@@ -125,12 +139,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     )
     loop_s = time.perf_counter() - loop_start
     per_rank = gather_rank_timings(history, info.world_size)
-    trained = parallel.unwrap(model)
-    if parallel.is_sharded(model):  # gather the shards into a plain model on rank 0
-        weights = parallel.full_state_dict(model)
-        if info.is_main:
-            trained = _build_model(cfg, torch.device("cpu"))[0]
-            trained.load_state_dict(weights)
+    trained = plain_model(cfg, model, info)
     metrics: dict[str, Any] = {}
     if info.is_main:
         for h, timings in zip(history, per_rank):
