@@ -175,3 +175,24 @@ def test_time_budgets_in_the_experiment_grid(probed):
     assert row["planned_end_to_end_s"] <= tb
     md = cfg.artifact("experiments", "report.md").read_text()
     assert f"| random-t{tb:g} | - | 1 |" in md and f"{row['planned_end_to_end_s']:.1f}" in md
+
+
+def test_live_tracking_cost_is_timed_on_a_run_kept_out_of_the_ui(probed, tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    from clusterft.config import load_config
+    from clusterft.probe import tracking_cost
+
+    root, params, _ = probed
+    cfg = load_config(params, ["tracking.live=true"])  # the module's store (the grid test's runs)
+    seconds = tracking_cost(cfg, 10, tmp_path / "probe", save_s=0.5)
+    assert seconds > 0.5
+    client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+
+    def named(view):
+        return [r for r in client.search_runs([exp.experiment_id], run_view_type=view)
+                if r.info.run_name == "probe/train"]
+
+    assert named(ViewType.ACTIVE_ONLY) == [] and len(named(ViewType.DELETED_ONLY)) == 1

@@ -8,7 +8,7 @@ import pytest
 from clusterft.timebudget import TimeBudgetError, TimeModel, plan_time_budget
 
 TM = TimeModel(setup_s=3.0, encode_s=0.001, first_step_s=0.5, step_fixed_s=0.0, step_per_char_s=0.002,
-               checkpoint_s=0.7, checkpoint_every=50, save_s=1.0, samples_per_step=32)
+               checkpoint_s=0.7, checkpoint_every=50, save_s=1.0, tracking_s=0.0, samples_per_step=32)
 ARGS = dict(tm=TM, n=6000, chars_all=100.0, chars_sel=100.0, epochs=12, min_per_epoch=16)
 
 

@@ -2,7 +2,7 @@
 the train section's model, precision, strategy, batch and checkpoints) on random train
 samples, so a time budget (`select.time_budget`) can be turned into a data budget. Steps
 are timed from the end of one to the end of the next (the loop's own work included), and
-a couple of checkpoint saves apart. Off (a skip record, one process) while
+a couple of checkpoint saves and live MLflow tracking apart. Off (a skip record, one process) while
 select.time_budget is 0; a setup already timed is not timed again (delete
 probe/metrics.json to re-measure).
 """
@@ -93,6 +93,25 @@ def step_cost(step_chars: np.ndarray, seconds: np.ndarray) -> tuple[float, float
     return 0.0, float(seconds.mean() / max(1e-9, step_chars.mean()))
 
 
+def tracking_cost(cfg: Any, n: int, out: Any, save_s: float) -> float:
+    """Seconds live MLflow tracking adds to a training run: its run opened (params, datasets)
+    and finished, timed on a throwaway run, plus copying the model (as long as saving it)."""
+    import shutil
+
+    from clusterft.artifacts import ensure_dir
+    from clusterft.tracking import LiveTraining
+
+    empty = ensure_dir(out / "empty")
+    start = time.perf_counter()
+    live = LiveTraining(cfg, "probe", "probe", n)
+    live.finish({"probe": 1.0}, empty)
+    seconds = time.perf_counter() - start + save_s
+    if live.client is not None and live.run_id:
+        live.client.delete_run(live.run_id)  # not a training run: kept out of the MLflow UI
+    shutil.rmtree(empty, ignore_errors=True)
+    return seconds
+
+
 def run_probe(cfg: Any) -> dict[str, Any]:
     """Stage `probe`: writes probe/metrics.json (setup, per-step, tokenising and saving seconds)."""
     import shutil
@@ -155,13 +174,15 @@ def run_probe(cfg: Any) -> dict[str, Any]:
         save_trained(trained, tokenizer, out / "model")
         save_s = time.perf_counter() - t_save
         shutil.rmtree(out / "model", ignore_errors=True)
+        tracking_s = tracking_cost(cfg, len(rows), out, save_s) if cfg.tracking.live else 0.0
         metrics = {
             "digest": probe_digest(cfg), "world_size": info.world_size, "steps": len(stamps),
             "setup_s": setup_s, "encode_s": encode_s,
             "first_step_s": max(0.0, stamps[0] - t_loop - step_s), "step_s": step_s,
             "step_fixed_s": fixed, "step_per_char_s": per_char,
             "checkpoint_s": max(0.0, float(gaps[after_save].mean()) - step_s) if after_save.any() else 0.0,
-            "checkpoint_every": t.checkpoint_every, "save_s": save_s, "samples_per_step": per_step,
+            "checkpoint_every": t.checkpoint_every, "save_s": save_s, "tracking_s": tracking_s,
+            "samples_per_step": per_step,
             "padded_chars": padded,
             "wall_clock_s": time.perf_counter() - start,
         }

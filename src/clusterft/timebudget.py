@@ -27,7 +27,8 @@ class TimeModel:
     encode_s: tokenising one sample (train and allocate each do it); first_step_s: the first
     step's extra cost; a steady step of `samples_per_step` samples costs step_fixed_s +
     step_per_char_s x the characters each rank's batch is padded to; checkpoint_s: one
-    resumable checkpoint, taken every `checkpoint_every` steps (0: none); save_s: the end."""
+    resumable checkpoint, taken every `checkpoint_every` steps (0: none); save_s: the end;
+    tracking_s: live MLflow tracking (0 when off)."""
 
     setup_s: float
     encode_s: float
@@ -37,6 +38,7 @@ class TimeModel:
     checkpoint_s: float
     checkpoint_every: int
     save_s: float
+    tracking_s: float
     samples_per_step: int
 
     @classmethod
@@ -48,7 +50,7 @@ class TimeModel:
         return (self.step_fixed_s + self.step_per_char_s * chars) / self.samples_per_step
 
     def fixed_s(self) -> float:
-        return self.setup_s + self.first_step_s + self.save_s
+        return self.setup_s + self.first_step_s + self.save_s + self.tracking_s
 
     def checkpoints_s(self, m: int, epochs: int) -> float:
         """The checkpoints of a run of m samples per epoch (steps as `allocate` plans them)."""
