@@ -196,3 +196,21 @@ def test_live_tracking_cost_is_timed_on_a_run_kept_out_of_the_ui(probed, tmp_pat
                 if r.info.run_name == "probe/train"]
 
     assert named(ViewType.ACTIVE_ONLY) == [] and len(named(ViewType.DELETED_ONLY)) == 1
+
+
+def test_each_config_logs_to_its_own_store_in_one_process(tmp_path, monkeypatch):
+    """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI; a later config's store still wins,
+    and use_experiment leaves no such variable for worker processes to inherit."""
+    import os
+
+    import mlflow
+
+    from clusterft.config import load_config
+    from clusterft.tracking import tracking_uri, use_experiment
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # restored after the test
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'other.db'}")
+    cfg = load_config(None, [f"tracking.tracking_uri=sqlite:///{tmp_path / 'mine.db'}"])
+    assert tracking_uri(cfg) == f"sqlite:///{tmp_path / 'mine.db'}"
+    use_experiment(cfg)
+    assert "MLFLOW_TRACKING_URI" not in os.environ and mlflow.get_tracking_uri().endswith("mine.db")

@@ -25,8 +25,13 @@ log = logging.getLogger(__name__)
 EXPERIMENT_KIND = "custom_model_development"  # the MLflow UI opens on runs and training curves
 
 
+# the user's MLFLOW_TRACKING_URI, read before mlflow.set_tracking_uri (which writes that
+# variable) could make one config's store override the next one's in the same process
+_USER_URI = os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def tracking_uri(cfg: Any) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.tracking_uri
+    return _USER_URI or cfg.tracking.tracking_uri
 
 
 def use_experiment(cfg: Any) -> str:
@@ -34,6 +39,8 @@ def use_experiment(cfg: Any) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri(cfg))
+    if _USER_URI is None:  # set_tracking_uri exported it: workers and later configs read their own
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     exp = mlflow.set_experiment(cfg.tracking.experiment)
     if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
         mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
