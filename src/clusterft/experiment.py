@@ -369,15 +369,19 @@ def check_time_budgets(params: str, overrides: list[str]) -> None:
     run could meet, before any run trains (each run's select would refuse it later)."""
     from clusterft.config import load_config
     from clusterft.data import load_examples
-    from clusterft.selection import cluster_count, time_plan
+    from clusterft.probe import read_probe
+    from clusterft.selection import cluster_count, time_plan, train_chars
+    from clusterft.timebudget import TimeModel
 
     base = load_config(params, overrides)
-    examples = load_examples(base, "train")
+    if not base.experiment.time_budgets:
+        return
+    chars, tm = train_chars(load_examples(base, "train")), TimeModel.from_probe(read_probe(base))
     for tb in base.experiment.time_budgets:
         cfg = load_config(params, [*overrides, f"select.time_budget={tb}"])
         for m in base.experiment.methods:
             if time_budgeted(m, tb):
-                time_plan(cfg, m, examples, cluster_count(cfg) if "cluster" in METHODS[m].needs else 0, 0.0)
+                time_plan(cfg, m, tm, chars, cluster_count(cfg) if "cluster" in METHODS[m].needs else 0, 0.0)
 
 
 def _probe(cfg: Any, params: str, overrides: list[str]) -> None:

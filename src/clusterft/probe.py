@@ -16,6 +16,7 @@ import numpy as np
 
 from clusterft.selection import SelectionError
 
+
 def probe_digest(cfg: Any) -> str:
     """Hash of what sets training speed (not seeds or the learning rate) and of the train data."""
     import hashlib

@@ -371,24 +371,30 @@ def _epoch_plan_s(cfg, sel: Selection, quotas: dict, chars: np.ndarray) -> float
     return time.perf_counter() - start
 
 
-def time_plan(cfg, method: str, examples: list, k: int, elapsed_s: float, chars_sel: float | None = None,
+def time_plan(cfg, method: str, tm, chars: np.ndarray, k: int, elapsed_s: float, chars_sel: float | None = None,
               per_epoch_s: float = 0.0):
-    """The TimePlan for select.time_budget: the probe's time model, the paid selection stages
-    plus `elapsed_s` of select so far, at least max(k, nproc) samples per epoch; samples of
-    the data's size unless `chars_sel` (padded characters) is given. TimeBudgetError when it
-    cannot fit."""
+    """The TimePlan for select.time_budget: the probe's time model `tm`, the paid selection
+    stages plus `elapsed_s` of select so far, at least max(k, nproc) samples per epoch;
+    `chars`: every train sample's characters; batches padded as the data's unless `chars_sel`
+    (padded characters of the selection) is given. TimeBudgetError when it cannot fit."""
     from clusterft.methods import paid_stages
-    from clusterft.probe import padded_chars, read_probe, sample_chars
+    from clusterft.probe import padded_chars
     from clusterft.stages import shared_times
-    from clusterft.timebudget import TimeModel, plan_time_budget
+    from clusterft.timebudget import plan_time_budget
 
     s, t = cfg.select, cfg.train
     done = shared_times(cfg)
     spent = sum(done[st] for st in paid_stages(method, s.time_budget)) + elapsed_s
-    chars_all = padded_chars(np.array([sample_chars(e) for e in examples]), t.per_device_batch, t.seed)
-    return plan_time_budget(s.time_budget, TimeModel.from_probe(read_probe(cfg)), spent, len(examples), chars_all,
-                            chars_sel or chars_all, t.epochs, max(k, t.nproc),
-                            METHODS[method].allocation == "dynamic", per_epoch_s)
+    chars_all = padded_chars(chars, t.per_device_batch, t.seed)
+    return plan_time_budget(s.time_budget, tm, spent, len(chars), chars_all, chars_sel or chars_all, t.epochs,
+                            max(k, t.nproc), METHODS[method].allocation == "dynamic", per_epoch_s)
+
+
+def train_chars(examples: list) -> np.ndarray:
+    """Characters of every train sample (what a time plan sizes batches by)."""
+    from clusterft.probe import sample_chars
+
+    return np.array([sample_chars(e) for e in examples], dtype=np.float64)
 
 
 def _time_planned(cfg, method: str, examples: list, choose, k: int, started: float):
@@ -396,19 +402,20 @@ def _time_planned(cfg, method: str, examples: list, choose, k: int, started: flo
     sizes, select, then re-plan at the selection's own (and dynamic epoch cost)."""
     import time
 
-    from clusterft.probe import sample_chars
+    from clusterft.probe import read_probe
+    from clusterft.timebudget import TimeModel
 
     n = len(examples)
-    plan = time_plan(cfg, method, examples, k, time.perf_counter() - started)
+    tm, chars = TimeModel.from_probe(read_probe(cfg)), train_chars(examples)
+    plan = time_plan(cfg, method, tm, chars, k, time.perf_counter() - started)
 
     def as_budget(m: int) -> float:
         return float(m) if m > 1 else 1.0 / n
 
     sel, quotas = choose(as_budget(plan.samples_per_epoch))
-    chars = np.array([sample_chars(e) for e in examples], dtype=np.float64)
     dynamic = METHODS[method].allocation == "dynamic"
     per_epoch = _epoch_plan_s(cfg, sel, quotas, chars) if dynamic else 0.0
-    again = time_plan(cfg, method, examples, k, time.perf_counter() - started, _epoch_chars(cfg, sel, chars),
+    again = time_plan(cfg, method, tm, chars, k, time.perf_counter() - started, _epoch_chars(cfg, sel, chars),
                       per_epoch)
     if again.samples_per_epoch != plan.samples_per_epoch:
         sel, quotas = choose(as_budget(again.samples_per_epoch))
