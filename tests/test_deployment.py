@@ -66,9 +66,15 @@ def _tail(path, n=4000) -> str:
 
 
 def _listening(pid: int) -> list:
-    out = []
-    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        out += [c.laddr for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    """Listening addresses of `pid` and its live children (one that exits while being
+    listed listens on nothing; `pid` itself must be alive)."""
+    root = psutil.Process(pid)
+    out = [c.laddr for c in root.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    for p in root.children(recursive=True):
+        try:
+            out += [c.laddr for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
     return out
 
 
