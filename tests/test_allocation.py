@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterft.allocation import (
-    AllocationError, build_plan, load_plan, plan_metrics, rank_cluster_counts, save_plan, step_cluster_counts,
+    AllocationError, build_plan, load_plan, plan_metrics, prefix_discrepancy, rank_cluster_counts, save_plan,
+    step_cluster_counts,
 )
 
 
@@ -50,16 +51,65 @@ def test_plan_invariants(case):
     assert again.table.tobytes() == plan.table.tobytes()
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 50), min_size=1, max_size=8), st.integers(1, 12), st.data())
-def test_matrix_rounding_meets_margins(cluster_sizes, n_steps, data):
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=12), st.integers(1, 80))
+def test_matrix_rounding_meets_margins_and_running_sums(cluster_sizes, n_steps):
     m = np.array(cluster_sizes)
     n_steps = min(n_steps, int(m.sum()))
     steps = np.array([len(c) for c in np.array_split(np.arange(m.sum()), n_steps)])
     out = step_cluster_counts(m, steps)
     target = np.outer(steps, m) / m.sum()
-    assert (out.sum(1) == steps).all() and (out.sum(0) == m).all()
-    assert (np.abs(out - target) < 1).all()
+    assert (out >= 0).all() and (out.sum(1) == steps).all() and (out.sum(0) == m).all()
+    assert (np.abs(out - target) < 1).all()  # every step
+    assert (np.abs(out.cumsum(0) - target.cumsum(0)) < 1).all()  # every stretch from the start
+
+
+@st.composite
+def skewed_quotas(draw):
+    """A head cluster and a long tail (the usual selection), or Zipf sizes."""
+    k = draw(st.integers(2, 40))
+    if draw(st.booleans()):
+        sizes = [draw(st.integers(50, 600))] + [draw(st.integers(1, 60)) for _ in range(k - 1)]
+    else:
+        sizes = [max(1, int(draw(st.integers(200, 1600)) / (i + 1) ** draw(st.floats(0.5, 2.0)))) for i in range(k)]
+    return np.repeat(np.arange(k), sizes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(skewed_quotas(), st.integers(1, 8), st.integers(1, 16), st.integers(1, 3), st.integers(0, 2**16))
+def test_balanced_plan_spreads_every_cluster_over_the_epoch(clusters, world, batch, epochs, seed):
+    world = min(world, len(clusters))
+    plan = build_plan(clusters, world, batch, epochs, seed, "balanced")
+    assert prefix_discrepancy(plan, clusters) < 2
+    sizes = plan.step_sizes()
+    assert sizes.max() - sizes.min() <= 1
+
+
+# The issue-27 cases: a head and 15 clusters of 2-157 (67 steps); 12 Zipf clusters over 100
+# steps, 2 epochs; one head of 300 and 39 clusters of 12 on 4 ranks.
+BLOCK_CASES = [
+    (np.repeat(np.arange(16), [560, 157, 120, 90, 70, 52, 40, 31, 28, 20, 14, 9, 6, 4, 3, 2]), 2, 9, 1),
+    (np.repeat(np.arange(12), [int(1600 / k ** 1.2) for k in range(1, 13)]), 2, 19, 2),
+    (np.repeat(np.arange(40), [300] + [12] * 39), 4, 3, 1),
+]
+
+
+@pytest.mark.parametrize("clusters, world, batch, epochs", BLOCK_CASES)
+def test_the_per_step_plan_trains_small_clusters_in_blocks_and_balanced_does_not(clusters, world, batch, epochs):
+    lengths = np.ones(len(clusters), np.int64)
+    got = {mode: plan_metrics(build_plan(clusters, world, batch, epochs, 0, mode), clusters, lengths)
+           for mode in ("balanced", "per_step", "shuffle")}
+    assert got["balanced"]["prefix_discrepancy_max"] < 2
+    assert got["per_step"]["prefix_discrepancy_max"] > 8  # a block of steps
+    assert got["shuffle"]["prefix_discrepancy_max"] > 2 * got["balanced"]["prefix_discrepancy_max"]
+    assert got["balanced"]["coverage_error_max"] < 1 and got["per_step"]["coverage_error_max"] < 1
+
+
+def test_a_small_cluster_moves_between_epochs():
+    clusters = np.repeat([0, 1], [200, 1])  # the single sample's step is free inside the epoch
+    plan = build_plan(clusters, 1, 4, 8, 0)
+    steps = {int(plan.table[(plan.table[:, 0] == e) & (plan.table[:, 3] == 200), 1][0]) for e in range(8)}
+    assert len(steps) >= 4
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

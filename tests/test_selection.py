@@ -192,3 +192,19 @@ def test_every_within_rule_takes_distinct_samples_before_copies(within):
 
 def test_duplicate_groups_ignore_case_and_whitespace():
     assert duplicate_groups(["A  b", "a b", "a c", " a\tB "]).tolist() == [0, 0, 1, 0]
+
+
+def test_a_budget_above_the_distinct_content_fills_with_copies_or_stops_there():
+    rng = np.random.default_rng(2)
+    feats = rng.normal(size=(100, 4)).astype(np.float32)
+    texts = [f"item {i % 5}" for i in range(60)] + [f"other {i}" for i in range(40)]  # 45 distinct
+    groups = duplicate_groups(texts)
+    labels = np.repeat([0, 1], [60, 40])
+    centers = np.stack([feats[:60].mean(0), feats[60:].mean(0)])
+    copies = select_cluster(labels, feats, centers, 70, 0, within="kcenter", groups=groups)
+    distinct = select_cluster(labels, feats, centers, 70, 0, within="kcenter", groups=groups, fill="distinct")
+    assert len(copies.rows) == 70 and np.bincount(copies.clusters).tolist() == [30, 40]
+    assert len(distinct.rows) == 45 and np.bincount(distinct.clusters).tolist() == [5, 40]
+    assert len(np.unique(groups[distinct.rows])) == 45
+    below = select_cluster(labels, feats, centers, 30, 0, within="kcenter", groups=groups, fill="distinct")
+    assert len(below.rows) == 30  # under the distinct content both fills meet the budget

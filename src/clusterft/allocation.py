@@ -1,10 +1,15 @@
 """DP allocation: which selected sample each rank trains at each step of each epoch.
 
 A plan is an int64 array of rows (epoch, step, rank, index) where `index` is a line of the
-selection JSONL. Three modes:
-- `balanced` (ours): each global step holds every cluster within one sample of its share
-  (an exact matrix rounding, solved as a max-flow), and inside the step samples go to ranks
-  by longest-processing-time on token counts, so every rank carries the same token load.
+selection JSONL. Modes:
+- `balanced` (ours): each global step holds every cluster within one sample of its share,
+  and so does every stretch of steps from the epoch's start (an exact matrix rounding of
+  steps x clusters with bounded running sums, solved as a max-flow); each epoch starts at
+  a random step of that rounding (a rotation: any stretch stays within two samples), so a
+  small cluster is spread evenly and never pinned to the same steps. Inside a step samples
+  go to ranks by longest-processing-time on token counts (equal token loads).
+- `per_step`: the earlier rounding, balanced inside each step only: a cluster smaller than
+  the step count may be trained in a block of consecutive steps (kept for comparison).
 - `shuffle`: the plain DistributedSampler baseline (random permutation, rank r takes
   every R-th sample).
 - `rank_per_cluster`: the paper's reference allocation, rank k trains only cluster k.
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PLAN_COLUMNS = ("epoch", "step", "rank", "index")
-MODES = ("balanced", "shuffle", "rank_per_cluster")
+MODES = ("balanced", "per_step", "shuffle", "rank_per_cluster")
 
 
 class AllocationError(ValueError):
@@ -48,11 +53,66 @@ class AllocationPlan:
 
 
 def step_cluster_counts(cluster_sizes: np.ndarray, step_sizes: np.ndarray) -> np.ndarray:
-    """[S, K] integer counts with row sums = step sizes, column sums = cluster sizes, and
-    every entry the floor or ceiling of step_size * cluster_size / total.
+    """[S, K] integer counts with row sums = step sizes and column sums = cluster sizes.
 
-    Such a rounding always exists (integral flow polytope); the +1s are found by max-flow.
+    Every entry is the floor or ceiling of step_size * cluster_size / total (each step holds
+    every cluster within one sample of its share), and so is every column's running sum
+    over steps 1..s against its share of the samples in those steps (no cluster drifts
+    ahead or behind over the epoch). Rows and running sums are two laminar families, so the
+    constraint matrix is totally unimodular and such a rounding always exists; it is found
+    as a feasible flow with lower bounds (max-flow).
     """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    m = np.asarray(cluster_sizes, dtype=np.int64)
+    b = np.asarray(step_sizes, dtype=np.int64)
+    total = int(m.sum())
+    s_n, k_n = len(b), len(m)
+    base = np.outer(b, m) // total
+    up = (np.outer(b, m) % total) != 0  # cells that may take one more than their floor
+    need_row = b - base.sum(1)
+    if need_row.sum() == 0:
+        return base
+    cum = np.outer(np.cumsum(b), m)  # running share * total
+    lo = cum // total - np.cumsum(base, 0)  # bounds on each cluster's running count of +1s
+    hi = -(-cum // total) - np.cumsum(base, 0)
+    # Nodes: step s; chain (s, k) carries cluster k's running +1 count out of step s.
+    step = 1 + np.arange(s_n)
+    chain = 1 + s_n + np.arange(s_n * k_n).reshape(s_n, k_n)
+    src, dst = 0, 1 + s_n + s_n * k_n
+    excess = np.zeros(dst + 1, np.int64)  # lower bounds moved into supplies and demands
+    excess[step] += need_row
+    ss, kk = np.nonzero(up)
+    rows = [step[ss], chain[:-1].ravel()]
+    cols = [chain[ss, kk], chain[1:].ravel()]
+    caps = [np.ones(len(ss), np.int64), (hi - lo)[:-1].ravel()]
+    np.add.at(excess, chain[:-1].ravel(), -lo[:-1].ravel())
+    np.add.at(excess, chain[1:].ravel(), lo[:-1].ravel())
+    excess[chain[-1]] -= lo[-1]
+    pos, neg = np.flatnonzero(excess > 0), np.flatnonzero(excess < 0)
+    rows += [np.zeros(len(pos), np.int64), neg]
+    cols += [pos, np.full(len(neg), dst)]
+    caps += [excess[pos], -excess[neg]]
+    r, c, w = (np.concatenate(x) for x in (rows, cols, caps))
+    keep = w > 0
+    graph = csr_matrix((w[keep].astype(np.int32), (r[keep], c[keep])), shape=(dst + 1, dst + 1))
+    flow = maximum_flow(graph, src, dst)
+    if flow.flow_value != excess[pos].sum():  # cannot happen (total unimodularity); guard the theorem
+        raise AllocationError("internal: no step/cluster rounding meets its margins")
+    f = flow.flow.tocsr()
+    extra = np.asarray(f[step[ss], chain[ss, kk]]).ravel().clip(min=0)
+    out = base.copy()
+    out[ss, kk] += extra
+    if (out.sum(1) != b).any() or (out.sum(0) != m).any():
+        raise AllocationError("internal: step/cluster rounding did not meet its margins")
+    return out
+
+
+def per_step_cluster_counts(cluster_sizes: np.ndarray, step_sizes: np.ndarray) -> np.ndarray:
+    """The `per_step` rounding: every entry the floor or ceiling of step_size * cluster_size
+    / total, margins exact, nothing said about running sums (the max-flow may put a small
+    cluster's samples in consecutive steps)."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import maximum_flow
 
@@ -129,6 +189,11 @@ def build_plan(
     steps = max(1, m // (world_size * per_device_batch))
     step_sizes = np.array([len(c) for c in np.array_split(np.arange(m), steps)])
     ids, inverse = np.unique(clusters, return_inverse=True)
+    sizes = np.bincount(inverse, minlength=len(ids))
+    if mode == "balanced":
+        counts = step_cluster_counts(sizes, step_sizes)
+    elif mode == "per_step":
+        counts = per_step_cluster_counts(sizes, step_sizes)
     rows = []
     for e in range(epochs):
         if mode == "shuffle":
@@ -139,13 +204,13 @@ def build_plan(
                 start += size
                 rows.append(_rows(e, s, np.arange(size) % world_size, chunk))
             continue
-        counts = step_cluster_counts(np.bincount(inverse, minlength=len(ids)), step_sizes)
+        epoch_counts = np.roll(counts, -int(rng.integers(steps)), axis=0) if mode == "balanced" else counts
         members = [rng.permutation(np.flatnonzero(inverse == k)) for k in range(len(ids))]
         cursor = np.zeros(len(ids), dtype=np.int64)
         seen = np.zeros((world_size, len(ids)), dtype=np.int64)
         for s in range(steps):
-            chunk = np.concatenate([members[k][cursor[k] : cursor[k] + counts[s, k]] for k in range(len(ids))])
-            cursor += counts[s]
+            chunk = np.concatenate([members[k][cursor[k] : cursor[k] + epoch_counts[s, k]] for k in range(len(ids))])
+            cursor += epoch_counts[s]
             ranks = lpt_assign(lengths[chunk], inverse[chunk], world_size, seen)
             rows.append(_rows(e, s, ranks, chunk))
     return _plan(rows, world_size, epochs, steps)
@@ -180,9 +245,28 @@ def _rank_per_cluster(clusters, world, per_device_batch, epochs, rng) -> Allocat
     return _plan(rows, world, epochs, steps)
 
 
+def prefix_discrepancy(plan: AllocationPlan, clusters: np.ndarray) -> float:
+    """Worst drift of a cluster over a stretch of steps from an epoch's start, in samples:
+    max over epochs, clusters k and steps s of |samples of k in steps 1..s - its share of
+    the samples in those steps|. A plan that trains a small cluster in a block of steps
+    scores about the cluster's size; a random order about sqrt of it."""
+    ids, inv = np.unique(np.asarray(clusters), return_inverse=True)
+    t = plan.table
+    worst = 0.0
+    for e in range(plan.epochs):
+        te = t[t[:, 0] == e]
+        counts = np.zeros((plan.steps_per_epoch, len(ids)))
+        np.add.at(counts, (te[:, 1], inv[te[:, 3]]), 1)
+        run = counts.cumsum(0)
+        share = run.sum(1, keepdims=True) * run[-1] / run[-1].sum()
+        worst = max(worst, float(np.abs(run - share).max()))
+    return worst
+
+
 def plan_metrics(plan: AllocationPlan, clusters: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
-    """Coverage error, rank token imbalance (max/mean), padded-cost imbalance, padding
-    fraction and rank x cluster coverage of a plan, averaged over its steps."""
+    """Coverage error (per step, averaged over steps, and the worst running drift over an
+    epoch), rank token imbalance (max/mean), padded-cost imbalance, padding fraction and
+    rank x cluster coverage of a plan."""
     clusters = np.asarray(clusters)
     lengths = np.asarray(lengths)
     ids, inv = np.unique(clusters, return_inverse=True)
@@ -215,6 +299,7 @@ def plan_metrics(plan: AllocationPlan, clusters: np.ndarray, lengths: np.ndarray
     return {
         "coverage_error_max": float(np.max(cov)),
         "coverage_error_mean": float(np.mean(cov)),
+        "prefix_discrepancy_max": prefix_discrepancy(plan, clusters),
         "token_imbalance_mean": float(np.mean(tok_imb)),
         "token_imbalance_max": float(np.max(tok_imb)),
         "padded_imbalance_mean": float(np.mean(pad_imb)),
@@ -257,13 +342,14 @@ def load_plan(out_dir) -> AllocationPlan:
                           meta["steps_per_epoch"])
 
 
-def plan_mode(method: str, clusters: np.ndarray) -> str:
-    """The allocation a selection method trains with."""
+def plan_mode(method: str, clusters: np.ndarray, clustered_mode: str = "balanced") -> str:
+    """The allocation a selection method trains with: a clustered selection's is
+    `clustered_mode` (train.allocation), an unclustered one is shuffled."""
     from clusterft.methods import METHODS
 
     if METHODS[method].allocation == "rank_per_cluster":
         return "rank_per_cluster"
-    return "balanced" if (np.asarray(clusters) >= 0).any() else "shuffle"
+    return clustered_mode if (np.asarray(clusters) >= 0).any() else "shuffle"
 
 
 def run_allocate(cfg, method: str, run: str | None = None) -> dict:
@@ -286,7 +372,7 @@ def run_allocate(cfg, method: str, run: str | None = None) -> dict:
     lengths = np.array([e.n_tokens for e in encode_all([examples[r] for r in sel["row"]], tokenizer,
                                                         cfg.data.max_length)])
     t = cfg.train
-    mode = plan_mode(method, clusters)
+    mode = plan_mode(method, clusters, t.allocation)
     if METHODS[method].allocation == "dynamic":  # each epoch's plan is built in training; epoch 0 here
         from clusterft.dynamic import dynamic_source
 

@@ -42,6 +42,8 @@ def summarise(collected: dict[str, Any]) -> list[dict[str, Any]]:
             row[f"{s}_s"] = st.get(s, {}).get("wall_clock_s", float("nan"))
         row["end_to_end_s"] = sum(row[f"{s}_s"] for s in (*SHARED_STAGES, "select", "allocate", "train"))
         row["kept_fraction"] = st.get("select", {}).get("kept_fraction", float("nan"))
+        row["kept_distinct"] = st.get("select", {}).get("kept_distinct", float("nan"))
+        row["plan_drift"] = st.get("allocate", {}).get("prefix_discrepancy_max", float("nan"))
         row["planned_end_to_end_s"] = st.get("select", {}).get("time_plan", {}).get("planned_end_to_end_s",
                                                                                     float("nan"))
         row["truncated_fraction"] = st.get("train", {}).get("truncation", {}).get("truncated_fraction", float("nan"))
@@ -68,13 +70,14 @@ def _planned(row: dict[str, Any]) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| method | kept | warmup s | features s | cluster s | probe s | select s | allocate s | train s "
+    head = ("| method | kept (distinct) | plan drift | warmup s | features s | cluster s | probe s | select s | allocate s | train s "
             "| end-to-end s | planned s | saving vs full | macro EM | Δ macro (pts) | worst skill EM | held-out loss "
             "| truncated |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
-            f"| {r['method']} | {r['kept_fraction']:.1%} | {r['warmup_s']:.1f} | {r['features_s']:.1f} "
+            f"| {r['method']} | {r['kept_fraction']:.1%} ({r['kept_distinct']:.0f}) | {r['plan_drift']:.1f} "
+            f"| {r['warmup_s']:.1f} | {r['features_s']:.1f} "
             f"| {r['cluster_s']:.1f} | {r['probe_s']:.1f} | {r['select_s']:.1f} | {r['allocate_s']:.1f} "
             f"| {r['train_s']:.1f} | {r['end_to_end_s']:.1f} | {_planned(r)} "
             f"| {r['saving_vs_full_pct']:.1f}% | {r['macro_em']:.3f} "

@@ -147,6 +147,9 @@ class SelectConfig:
     dedup: bool = _f(True, "cap each cluster's quota at its number of distinct samples (same "
                      "prompt and answer, whitespace and case aside): copies are pure redundancy, "
                      "the rest of the budget goes to other clusters")
+    fill: str = _f("copies", "a budget above the distinct content (dedup on): copies (fill it with "
+                   "copies, split over the clusters' copies) | distinct (stop at the distinct samples: "
+                   "fewer samples than the budget)")
     paper_ratio: float = _f(0.5, "cluster_paper: every cluster is cut to floor(min size * ratio)")
     seed: int = _f(0, "sampling seed")
     time_budget: float = _f(0.0, "plan the data budget from a time budget instead (0 = off): a fraction "
@@ -186,6 +189,10 @@ class TrainConfig:
     optimizer: str = _f("adamw", "adamw | adafactor (factored second moments: less optimizer memory)")
     strategy: str = _f("ddp", "ddp (a full replica per rank) | fsdp (FSDP2: weights, gradients and "
                        "optimizer state sharded over ranks; sharded checkpoints)")
+    allocation: str = _f("balanced", "step plan of clustered selections (cluster, cluster_dynamic): balanced "
+                         "(every cluster within one sample of its share in each step and over every "
+                         "stretch of steps) | per_step (in each step only: small clusters may come in "
+                         "blocks of steps) | shuffle (random order, as DistributedSampler)")
 
 
 @dataclass
@@ -533,10 +540,10 @@ RANGES: dict[str, tuple[float | None, float | None, tuple[bool, bool]]] = {
     "cluster.k_min": (2, None, (True, True)), "cluster.auto_sample": (2, None, (True, True)),
     "benchmark.n_train": (1, None, (True, True)), "benchmark.n_test_per_skill": (1, None, (True, True)),
 }
-ENUMS = {"select.split": ("waterfill", "proportional", "power"),
+ENUMS = {"select.split": ("waterfill", "proportional", "power"), "select.fill": ("copies", "distinct"),
          "select.within": ("kcenter", "far", "near", "random"),
          "cluster.backend": ("auto", "sklearn", "faiss"), "train.precision": ("fp32", "bf16", "fp16"),
-         "train.strategy": ("ddp", "fsdp"),
+         "train.strategy": ("ddp", "fsdp"), "train.allocation": ("balanced", "per_step", "shuffle"),
          "train.optimizer": ("adamw", "adafactor")}
 
 

@@ -24,7 +24,8 @@ class ClusterDynamicSource:
     highest-loss unused samples (0 = pure rotation)."""
 
     def __init__(self, clusters: np.ndarray, quotas: dict[int, int], lengths: np.ndarray, world: int,
-                 per_device_batch: int, epochs: int, seed: int, rank: int, hard: float = 0.0):
+                 per_device_batch: int, epochs: int, seed: int, rank: int, hard: float = 0.0,
+                 mode: str = "balanced"):
         self.clusters = np.asarray(clusters, dtype=np.int64)
         self.n, self.world, self.batch, self.epochs = len(self.clusters), world, per_device_batch, epochs
         self.seed, self.rank, self.hard = seed, rank, hard  # seed, n, world, batch, epochs: plan_stub
@@ -38,7 +39,8 @@ class ClusterDynamicSource:
         self.draw_epoch = -1
         self.kept_per_epoch: list[int] = []
         self.needs_losses = hard > 0
-        self.identity = repr((sorted(self.quotas.items()), hard))  # in the checkpoint's run digest
+        self.mode = mode  # each epoch's plan: build_plan mode
+        self.identity = repr((sorted(self.quotas.items()), hard, mode))  # in the checkpoint's run digest
 
     @property
     def total_steps(self) -> int:
@@ -92,7 +94,7 @@ class ClusterDynamicSource:
             self.draw, self.draw_epoch = self._new_draw(epoch).tolist(), epoch
         draw = np.asarray(self.draw, dtype=np.int64)
         plan = build_plan(self.clusters[draw], self.world, self.batch, 1, self.seed * 100003 + epoch,
-                          "balanced", self.lengths[draw])
+                          self.mode, self.lengths[draw])
         table = plan.table.copy()
         table[:, 3] = draw[table[:, 3]]
         return draw, AllocationPlan(table, plan.world_size, 1, plan.steps_per_epoch)
@@ -121,4 +123,4 @@ def dynamic_source(cfg, mdir, clusters: np.ndarray, lengths: np.ndarray, rank: i
     quotas = {int(c): q for c, q in doc["quotas"].items()}
     t = cfg.train  # epochs: select's (a time budget may run fewer)
     return ClusterDynamicSource(clusters, quotas, lengths, t.nproc, t.per_device_batch, doc.get("epochs", t.epochs),
-                                t.seed, rank, t.dynamic_hard)
+                                t.seed, rank, t.dynamic_hard, t.allocation)

@@ -158,6 +158,8 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
         "seed": spec.seed,
         "time_budget": spec.time_budget, "planned_end_to_end_s": planned,
         "kept_fraction": sel["kept_fraction"],
+        "kept_distinct": sel.get("kept_distinct", float("nan")),
+        "plan_drift": alloc.get("prefix_discrepancy_max", float("nan")),
         "trained_fraction": trained / (sel["n_train"] * cfg.train.epochs),
         "selection_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"],
         "train_s": tr["wall_clock_s"],
@@ -180,7 +182,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, budget), rs in groups.items():
         agg: dict[str, Any] = {"method": method, "base_method": rs[0].get("base_method", method),
                                "budget": budget, "seeds": len(rs)}
-        for k in ("kept_fraction", "trained_fraction", "selection_s", "train_s", "end_to_end_s",
+        for k in ("kept_fraction", "kept_distinct", "plan_drift", "trained_fraction", "selection_s", "train_s", "end_to_end_s",
                   "macro_em", "worst_skill_em", "heldout_loss", "heldout_loss_open_ended",
                   "val_macro_em", "val_worst_skill_em", "planned_end_to_end_s"):
             v = np.array([r.get(k, np.nan) for r in rs], dtype=float)
@@ -192,16 +194,17 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(aggs: list[dict[str, Any]]) -> str:
     lines = [
-        "| method | budget | seeds | kept | trained (sample-epochs) | selection s | train s | end-to-end s "
-        "| planned s | end-to-end / full train | macro EM | worst-skill EM | held-out loss | open-ended loss "
-        "| validation macro / worst |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | budget | seeds | kept (distinct) | plan drift | trained (sample-epochs) | selection s | train s "
+        "| end-to-end s | planned s | end-to-end / full train | macro EM | worst-skill EM | held-out loss "
+        "| open-ended loss | validation macro / worst |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in aggs:
         b = "-" if a["budget"] is None else f"{a['budget']:g}"
         planned = "-" if np.isnan(a["planned_end_to_end_s"]) else f"{a['planned_end_to_end_s']:.1f}"
         lines.append(
-            f"| {a['method']} | {b} | {a['seeds']} | {a['kept_fraction']:.1%} | {a['trained_fraction']:.1%} "
+            f"| {a['method']} | {b} | {a['seeds']} | {a['kept_fraction']:.1%} ({a['kept_distinct']:.0f}) "
+            f"| {a['plan_drift']:.1f} | {a['trained_fraction']:.1%} "
             f"| {a['selection_s']:.1f} | {a['train_s']:.1f} ± {a['train_s_std']:.1f} "
             f"| {a['end_to_end_s']:.1f} | {planned} | {a['time_vs_full_train']:.2f} "
             f"| {a['macro_em']:.3f} ± {a['macro_em_std']:.3f} | {a['worst_skill_em']:.3f} ± {a['worst_skill_em_std']:.3f} "

@@ -81,6 +81,7 @@ def waterfill(sizes: np.ndarray, total: int) -> np.ndarray:
 
 
 SPLIT_TAU = {"waterfill": 0.0, "proportional": 1.0}
+FILLS = ("copies", "distinct")
 
 
 def kcenter_greedy(x: np.ndarray, m: int, start: int) -> np.ndarray:
@@ -151,29 +152,36 @@ def _pick(members: np.ndarray, q: int, x: np.ndarray, center: np.ndarray, within
 
 
 def cluster_quotas(labels: np.ndarray, k: int, budget: float, split: str, tau: float,
-                   groups: np.ndarray | None) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+                   groups: np.ndarray | None, fill: str = "copies"
+                   ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
     """(per cluster: its distinct samples and its copies; cluster sizes; quotas): the budget
-    split over clusters by `split`, spent on distinct samples first (see select_cluster)."""
+    split over clusters by `split`, spent on distinct samples first (see select_cluster).
+    A budget above the distinct content is filled with copies (`fill` copies, split over
+    the clusters' copies by `split`) or stops there (`fill` distinct: fewer samples)."""
     sizes = np.bincount(labels, minlength=k)
     if split not in (*SPLIT_TAU, "power"):
         raise SelectionError(f"select.split must be waterfill, proportional or power, got {split!r}")
     tau_eff, m = SPLIT_TAU.get(split, tau), budget_count(budget, len(labels))
     parts = [_distinct_first(np.flatnonzero(labels == c), groups) for c in range(k)]
     distinct = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    if fill not in FILLS:
+        raise SelectionError(f"select.fill must be one of {FILLS}, got {fill!r}")
     if m <= distinct.sum():
         quotas = split_budget(distinct, m, tau_eff)
+    elif fill == "distinct":
+        quotas = distinct
     else:
         quotas = distinct + split_budget(sizes - distinct, m - int(distinct.sum()), tau_eff)
     return parts, sizes, quotas
 
 
 def select_cluster_dynamic(labels: np.ndarray, k: int, budget: float, split: str, tau: float, alpha: float,
-                           groups: np.ndarray | None = None) -> tuple[Selection, dict[int, int]]:
+                           groups: np.ndarray | None = None, fill: str = "copies") -> tuple[Selection, dict[int, int]]:
     """cluster_dynamic's pool and per-epoch quotas: every distinct sample of each cluster with
     a quota (copies too where the quota needs them), each weighted (n_k / q_k)^alpha,
     normalised to mean 1 over an epoch's draw, so each epoch's weighted loss keeps every
     cluster's mass as `cluster` does."""
-    parts, sizes, quotas = cluster_quotas(labels, k, budget, split, tau, groups)
+    parts, sizes, quotas = cluster_quotas(labels, k, budget, split, tau, groups, fill)
     pool = [first if quotas[c] <= len(first) else np.concatenate([first, copies])
             for c, (first, copies) in enumerate(parts) if quotas[c] > 0]
     rows = np.sort(np.concatenate(pool)).astype(np.int64)
@@ -194,17 +202,19 @@ def select_cluster(
     split: str = "waterfill",
     tau: float = 0.5,
     groups: np.ndarray | None = None,
+    fill: str = "copies",
 ) -> Selection:
     """Quotas per cluster by `split` (waterfill, proportional, power with n_k^tau); inside a
     cluster keep the samples farthest from / nearest to the centre, random, or k-center.
     With duplicate `groups` (see duplicate_groups), a cluster spends its quota on distinct
     samples first and its quota is capped at its number of distinct samples while the
     budget allows (copies are pure redundancy), the rest going to other clusters; weights
-    still use the full cluster sizes, so the copies' mass is kept."""
+    still use the full cluster sizes, so the copies' mass is kept. A budget above the
+    distinct content is filled with copies or stops at it (`fill`, see cluster_quotas)."""
     from clusterft.clustering import l2_normalize
 
     x = l2_normalize(np.asarray(features, dtype=np.float32))
-    parts, sizes, quotas = cluster_quotas(labels, len(centers), budget, split, tau, groups)
+    parts, sizes, quotas = cluster_quotas(labels, len(centers), budget, split, tau, groups, fill)
     rng = np.random.default_rng(seed)
     kept: list[np.ndarray] = []
     for c, (firsts, copies) in enumerate(parts):
@@ -336,11 +346,12 @@ def _choose(cfg, method: str, budget: float, n: int, groups: np.ndarray, labels,
         sel = select_random(n, budget, s.seed)
     elif method == "cluster_dynamic":
         sel, quotas = select_cluster_dynamic(labels, len(centers), budget, s.split, s.tau, s.alpha,
-                                             groups if s.dedup else None)
+                                             groups if s.dedup else None, s.fill)
         return sel, quotas
     elif method == "cluster":
         sel = select_cluster(labels, load_npy(cfg.artifact("features", "features.npy"), mmap=True), centers,
-                             budget, s.seed, s.within, s.alpha, s.split, s.tau, groups if s.dedup else None)
+                             budget, s.seed, s.within, s.alpha, s.split, s.tau, groups if s.dedup else None,
+                             s.fill)
     elif method == "cluster_paper":
         sel = select_cluster_paper(load_npy(cfg.artifact("features", "features.npy")), cfg.train.nproc,
                                    s.paper_ratio, s.seed)
@@ -429,6 +440,14 @@ def cluster_count(cfg) -> int:
     return int(len(np.unique(load_npy(cfg.artifact("cluster", "labels.npy")))))
 
 
+def _asked(method: str, budget: float, n: int, planned) -> int | None:
+    """Samples per epoch the data budget (or the time plan) asks of `method`; None: it has
+    no data budget (full, infobatch; cluster_paper's ratio is a cut, not a count)."""
+    if METHODS[method].budget != "select.budget":
+        return None
+    return planned.samples_per_epoch if planned else budget_count(budget, n)
+
+
 def run_select(cfg, method: str, run: str | None = None) -> dict:
     """Stage `select`: writes methods/<method>/selection.jsonl, quotas.json (per-epoch quota
     per cluster; the epochs when a time budget chose them) and select_metrics.json (with the
@@ -478,6 +497,8 @@ def run_select(cfg, method: str, run: str | None = None) -> dict:
         "trained_per_epoch": sum(quotas.values()),
         "epochs": epochs,
         "kept_fraction": sum(quotas.values()) / n,  # trained per epoch
+        "budget_samples": _asked(method, s.budget, n, planned),
+        "n_distinct_train": int(len(np.unique(groups))),  # distinct prompt + answer pairs
         "kept_distinct": int(len(np.unique(groups[sel.rows]))),
         "weight_min": float(sel.weights.min()),
         "weight_max": float(sel.weights.max()),

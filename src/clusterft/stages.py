@@ -67,7 +67,7 @@ SRC = "src/clusterft"
 PROBE_TRAIN_KEYS = ("nproc", "finetune", "per_device_batch", "precision", "grad_accum", "micro_batch_tokens",
                     "activation_checkpointing", "optimizer", "strategy", "checkpoint_every", "seed", "timeout_s")
 _SEL = ("select.budget", "select.split", "select.tau", "select.within", "select.alpha", "select.dedup",
-        "select.paper_ratio", "select.seed", "select.time_budget", "train.nproc")
+        "select.fill", "select.paper_ratio", "select.seed", "select.time_budget", "train.nproc")
 
 STAGES: tuple[Stage, ...] = (
     Stage("make-benchmark", "benchmark:run_make_benchmark",
@@ -114,7 +114,7 @@ STAGES: tuple[Stage, ...] = (
           deps=(f"{SRC}/allocation.py", f"{SRC}/dynamic.py", "{run}/selection.jsonl", "{run}/quotas.json",
                 "${model.path}"),
           params=("train.nproc", "train.per_device_batch", "train.epochs", "train.seed", "train.dynamic_hard",
-                  "data.max_length"),
+                  "train.allocation", "data.max_length"),
           outs=("{run}/plan.npy", "{run}/plan.json"), metrics=("{run}/allocate_metrics.json",),
           plots=("{run}/plots/allocation.png",)),
     Stage("train", "train:run_train", "weighted data-parallel fine-tuning (torchrun)", per_method=True,
