@@ -1,5 +1,5 @@
-"""Allocation quality on the pipeline's own selection: our balanced plan versus a shuffled
-DistributedSampler, side by side, for 2, 4 and 8 ranks.
+"""Allocation quality on the pipeline's own selection: our balanced plan versus the earlier
+per-step plan and a shuffled DistributedSampler, side by side, for 2, 4 and 8 ranks.
 
 Needs a finished pipeline run (artifacts/methods/<method>/selection.jsonl): `dvc repro`.
 Usage: python benchmarks/bench_allocation.py [--params params.yaml] [--method cluster]
@@ -12,11 +12,12 @@ import time
 
 import numpy as np
 
-from clusterft.allocation import build_plan, plan_metrics
-from clusterft.config import load_config
-from clusterft.data import encode_all, load_examples
-from clusterft.model import base_model_dir, load_tokenizer
-from clusterft.selection import read_selection
+from clusterft.core.allocation import build_plan, plan_metrics
+from clusterft.core.tokens import encode_all
+from clusterft.io.records import read_selection
+from clusterft.runtime.data import load_examples
+from clusterft.runtime.model import base_model_dir, load_tokenizer
+from clusterft.spec.config import load_config
 
 
 def main() -> None:
@@ -35,17 +36,18 @@ def main() -> None:
     print(f"selection: {args.method}, {len(clusters)} samples, {len(set(clusters))} clusters, "
           f"tokens/sample {lengths.min()}-{lengths.max()} (mean {lengths.mean():.1f}), per-device batch {b}")
     print("| ranks | plan | token imbalance (max/mean) | worst step | padded-cost imbalance | padding fraction "
-          "| coverage error (max) | rank x cluster coverage | build s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| coverage error (max) | plan drift (samples) | rank x cluster coverage | build s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for world in map(int, args.ranks.split(",")):
-        for mode, label in (("balanced", "clusterft"), ("shuffle", "DistributedSampler")):
+        for mode, label in (("balanced", "clusterft"), ("per_step", "clusterft per_step (earlier)"),
+                            ("shuffle", "DistributedSampler")):
             t = time.perf_counter()
             plan = build_plan(clusters, world, b, 1, cfg.train.seed, mode, lengths)
             secs = time.perf_counter() - t
             m = plan_metrics(plan, clusters, lengths)
             print(f"| {world} | {label} | {m['token_imbalance_mean']:.3f} | {m['token_imbalance_max']:.3f} "
                   f"| {m['padded_imbalance_mean']:.3f} | {m['padding_fraction']:.3f} | {m['coverage_error_max']:.2f} "
-                  f"| {m['rank_cluster_coverage']:.2f} | {secs:.2f} |")
+                  f"| {m['prefix_discrepancy_max']:.1f} | {m['rank_cluster_coverage']:.2f} | {secs:.2f} |")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clusterft.clustering import cluster_features
+from clusterft.core.clustering import cluster_features
 
 
 def make_features(path: Path, n: int, dim: int, k: int, seed: int, chunk: int = 100_000) -> None:

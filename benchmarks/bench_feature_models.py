@@ -41,7 +41,7 @@ def minilm_dir() -> str | None:
 
 
 def task_labels(cfg) -> list[str]:
-    from clusterft.data import load_examples
+    from clusterft.runtime.data import load_examples
 
     return ["chat" if (e.skill or "").startswith("chat:") else (e.skill or "all")
             for e in load_examples(cfg, "train")]
@@ -51,10 +51,10 @@ def run_variant(params: str, overrides: list[str], workdir: Path, name: str, var
                 labels: list[str]) -> list[str]:
     from sklearn.metrics import adjusted_rand_score
 
-    from clusterft.artifacts import load_npy
-    from clusterft.clustering import kmeans
-    from clusterft.config import load_config
-    from clusterft.stages import stage_functions
+    from clusterft.core.clustering import kmeans
+    from clusterft.io.artifacts import load_npy
+    from clusterft.orchestration.launch import stage_functions
+    from clusterft.spec.config import load_config
 
     enc = minilm_dir()
     variant = [v.replace("=minilm", f"={enc}") for v in variant]
@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    from clusterft.config import load_config
+    from clusterft.spec.config import load_config
 
     cfg = load_config(args.params, args.overrides)
     labels = task_labels(cfg)

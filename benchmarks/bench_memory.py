@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from clusterft.distributed import torchrun_command
+from clusterft.orchestration.launch import torchrun_command
 
 SETTINGS = {  # name: train_on_plan options (and model-side switches)
     "fp32 + AdamW (baseline)": {},
@@ -35,11 +35,13 @@ def one(model_dir: str, options: dict, batch: int, length: int, steps: int) -> d
     import numpy as np
     import torch
 
-    from clusterft import distributed, parallel
-    from clusterft.allocation import build_plan
-    from clusterft.data import Encoded
-    from clusterft.model import load_model
-    from clusterft.train_loop import make_optimizer, peak_memory_mb, train_on_plan
+    from clusterft.core.allocation import build_plan
+    from clusterft.core.tokens import Encoded
+    from clusterft.runtime import distributed, parallel
+    from clusterft.runtime.loop import make_optimizer, train_on_plan
+    from clusterft.runtime.model import load_model
+    from clusterft.runtime.precision import peak_memory_mb
+    from clusterft.spec.config import TrainConfig
 
     info = distributed.init_distributed()
     torch.manual_seed(0)
@@ -53,8 +55,8 @@ def one(model_dir: str, options: dict, batch: int, length: int, steps: int) -> d
     data = [Encoded(str(i), ids := rng.integers(0, vocab, length).tolist(), ids) for i in range(batch * steps)]
     plan = build_plan(np.full(len(data), -1), info.world_size, batch // info.world_size, 1, 0, "shuffle")
     loaded = peak_memory_mb(torch.device("cpu"))
-    hist = train_on_plan(model, data, np.ones(len(data)), plan, info.rank, 0, lr=1e-5, log_every=10**6,
-                         optimizer=opt, world_size=info.world_size, **options)
+    hist = train_on_plan(model, data, np.ones(len(data)), plan, TrainConfig(lr=1e-5, log_every=10**6, **options),
+                         info, optimizer=opt)
     tail = hist[1:] or hist  # the first step also allocates the optimizer state
     mine = {"peak_mem_mb": peak_memory_mb(torch.device("cpu")), "after_load_mb": loaded,
             "tokens_per_s": info.world_size * sum(h["tokens"] for h in tail) / sum(h["compute_s"] for h in tail)}

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clusterft.config import LoraConfig
-from clusterft.data import Encoded, collate
-from clusterft.model import add_lora, load_model
+from clusterft.core.tokens import Encoded, collate
+from clusterft.runtime.model import add_lora, load_model
+from clusterft.spec.config import LoraConfig
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
@@ -56,7 +56,7 @@ def _sync(device: torch.device) -> None:
 
 
 def features(args: argparse.Namespace, device: torch.device) -> None:
-    from clusterft.lora_grads import PerSampleLoraGrads, loop_per_sample_grads
+    from clusterft.core.lora_grads import PerSampleLoraGrads, loop_per_sample_grads
 
     model, name = model_for(args, device)
     model = add_lora(model, LoraConfig()).eval()
@@ -84,16 +84,18 @@ def features(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def throughput(args: argparse.Namespace, device: torch.device) -> None:
-    from clusterft.allocation import build_plan
-    from clusterft.train_loop import train_on_plan
+    from clusterft.core.allocation import build_plan
+    from clusterft.runtime.distributed import DistInfo
+    from clusterft.runtime.loop import train_on_plan
+    from clusterft.spec.config import TrainConfig
 
     rates = {}
     for precision in ("fp32", "bf16"):
         model, name = model_for(args, device)
         data = samples(args.batch * (args.steps + 1), args.length, model.config.vocab_size)
         plan = build_plan(np.full(len(data), -1), 1, args.batch, 1, 0, "shuffle")
-        hist = train_on_plan(model, data, np.ones(len(data)), plan, 0, 0, lr=1e-5, device=device,
-                             precision=precision, log_every=10**6)[1:]  # step 0 warms up
+        t = TrainConfig(lr=1e-5, precision=precision, log_every=10**6)
+        hist = train_on_plan(model, data, np.ones(len(data)), plan, t, DistInfo(0, 1, 0, device, None))[1:]  # step 0 warms up
         rates[precision] = sum(h["tokens"] for h in hist) / sum(h["compute_s"] for h in hist)
         del model
     print(f"training tokens/s, {name}, full fine-tuning, {device}, batch {args.batch} x <= {args.length}: "

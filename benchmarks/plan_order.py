@@ -25,7 +25,7 @@ from typing import Any
 def mode_overrides(params: str, overrides: list[str], mode: str) -> list[str]:
     """Overrides that put `mode`'s grid in its own artifacts folder (built-in data and
     model move with it)."""
-    from clusterft.config import load_config, relocate
+    from clusterft.spec.config import load_config, relocate
 
     if mode == "balanced":
         return [*overrides, "train.allocation=balanced"]
@@ -42,8 +42,10 @@ def grid_overrides(methods: list[str], budgets: list[float], seeds: list[int]) -
 
 def aggregates(params: str, overrides: list[str], train: bool) -> tuple[list[dict], list[dict]]:
     """(runs, aggregates) of one grid: trained (missing runs) or only reported."""
-    from clusterft.config import load_config
-    from clusterft.experiment import aggregate, finished_row, grid, run_experiment
+    from clusterft.orchestration.experiment import finished_row, run_experiment
+    from clusterft.report.grid import aggregate
+    from clusterft.spec.config import load_config
+    from clusterft.spec.grid import grid
 
     if train:
         run_experiment(params, overrides, progress=True)
@@ -54,7 +56,7 @@ def aggregates(params: str, overrides: list[str], train: bool) -> tuple[list[dic
 
 def same_selections(params: str, per_mode: dict[str, list[str]], runs: dict[str, list[dict]]) -> list[str]:
     """Run names whose selection.jsonl differs between modes (should be none)."""
-    from clusterft.config import load_config
+    from clusterft.spec.config import load_config
 
     texts: dict[str, set[bytes]] = {}
     for mode, ov in per_mode.items():
@@ -77,7 +79,7 @@ def _cells(a: dict[str, Any]) -> str:
 def table(per_mode: dict[str, list[dict]], reference: list[dict]) -> str:
     """Markdown: one row per (mode, method, budget), with random at the same end-to-end time
     (linear between random's budgets; '-' outside them), then the reference runs."""
-    from clusterft.experiment import at_equal_time
+    from clusterft.report.grid import at_equal_time
 
     head = ("| plan | method | budget | seeds | plan drift | train s | end-to-end s | macro EM | worst-skill EM "
             "| held-out loss | validation macro / worst | random at equal time | vs random |")

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_bad_input.py", "tests/test_checkpoint.py", "tests/test_runlock.py", "tests/test_resume.py",
+TESTS = ["tests/test_bad_input.py", "tests/runtime/test_checkpoint.py", "tests/io/test_runlock.py",
+         "tests/stages/test_train_resume.py",
          "tests/test_faults.py"]
 
 

@@ -45,8 +45,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_feature_models import minilm_dir
 
-    from clusterft.config import load_config
-    from clusterft.experiment import run_experiment
+    from clusterft.orchestration.experiment import run_experiment
+    from clusterft.spec.config import load_config
 
     root = load_config(args.params, args.overrides).artifact("sweep")
     grid = [f"experiment.budgets=[{args.budget}]", f"experiment.seeds=[{args.seed}]",

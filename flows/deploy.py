@@ -31,12 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clusterft.config import ConfigError, load_config
+    from clusterft.errors import ConfigError
+    from clusterft.io.preflight import load_checked
 
     args = build_parser().parse_args(argv)
     project = str(Path(args.project).resolve())
     try:  # fail now, not at 02:00
-        load_config(Path(project) / "params.yaml")
+        load_checked(Path(project) / "params.yaml")
     except ConfigError as exc:
         print(f"deploy: error: {exc}", file=sys.stderr)
         return 2

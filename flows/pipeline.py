@@ -4,7 +4,7 @@ to date, whichever entry point ran last. Training and features run under torchru
 `dvc repro`; each stage's output lines go to the Prefect log; the comparison table is a
 Prefect markdown artifact. A stage that failed on bad input or params (clusterft exits 2)
 is not retried; anything else is, twice. A flow holds the artifacts folder's lock while it
-runs (clusterft.runlock), so a second pipeline on the same folder is refused at once.
+runs (clusterft.io.runlock), so a second pipeline on the same folder is refused at once.
 
     python flows/pipeline.py [PROJECT]        # the quick-start pipeline (dvc.yaml)
     python flows/pipeline.py [PROJECT] --experiment   # the grid (experiments/dvc.yaml)
@@ -22,9 +22,10 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from clusterft.config import load_config
-from clusterft.runlock import artifacts_lock
-from clusterft.stages import PIPELINE, write_dvc_files
+from clusterft.io.preflight import load_checked
+from clusterft.io.runlock import artifacts_lock
+from clusterft.orchestration.dvcfile import write_dvc_files
+from clusterft.spec.stages import PIPELINE
 
 
 class StageFailed(RuntimeError):
@@ -81,7 +82,7 @@ def up_to_date(project: str) -> bool:
 
 def _prepare(project: str) -> Any:
     """Check params and that the DVC files match the stage table before any stage runs."""
-    cfg = load_config(Path(project) / "params.yaml")
+    cfg = load_checked(Path(project) / "params.yaml")
     stale = write_dvc_files(project, check=True)
     if stale:
         raise RuntimeError(f"{', '.join(stale)} in {project} differ from the stage table; "

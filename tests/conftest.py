@@ -46,8 +46,8 @@ def write_params(root: Path, params: dict) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved 2-layer, 32-wide built-in model (safetensors) with its trained tokenizer."""
-    from clusterft.config import load_config
-    from clusterft.model import prepare_builtin
+    from clusterft.runtime.model import prepare_builtin
+    from clusterft.spec.config import load_config
 
     out = tmp_path_factory.mktemp("m") / "base"
     cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -57,11 +57,19 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tokenizer():
+    """A byte-level BPE tokenizer trained on one template line (the data tests)."""
+    from clusterft.runtime.model import train_tokenizer
+
+    return train_tokenizer(["Instruction: copy\nInput: a b c\nResponse: a b c"] * 20, 300)
+
+
+@pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One real end-to-end run (torchrun training included) shared by read-only tests."""
-    from clusterft.config import load_config
-    from clusterft.distributed import launch_stage
-    from clusterft.stages import PIPELINE
+    from clusterft.orchestration.launch import run_stage
+    from clusterft.spec.config import load_config
+    from clusterft.spec.stages import PIPELINE
 
     root = tmp_path_factory.mktemp("tiny_run")
     p = tiny_params(root)
@@ -69,12 +77,9 @@ def tiny_run(tmp_path_factory):
     params = write_params(root, p)
     cfg = load_config(params)
     summary = None
-    for st in PIPELINE:  # the stage table's order, as dvc.yaml and the Prefect flow run it
+    for st in PIPELINE:  # the stage table's order and launch, as dvc.yaml and the Prefect flow run it
         for m in (cfg.select.methods if st.per_method else [None]):
-            if st.workers:
-                launch_stage(cfg, st.name, str(params), [], m)
-            else:
-                summary = st.function(cfg, m) if m else st.function(cfg)
+            summary = run_stage(cfg, st.name, str(params), [], m)
     return {"root": root, "params": params, "cfg": cfg, "summary": summary}
 
 

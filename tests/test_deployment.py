@@ -14,19 +14,13 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, tiny_params
-from tests.helpers.dvc_project import dvc, env as dvc_env, make_project, ran
+from tests.helpers.dvc_project import dvc, make_project, ran
+from tests.helpers.dvc_project import env as dvc_env
 
 DEPLOY = REPO / "flows" / "deploy.py"
 SERVER_START_S = 150  # a fresh server runs its migrations first: ~25-40 s here
 REGISTER_S = 120
 RUN_S = 240
-
-
-def test_deploy_defaults_to_a_nightly_cron():
-    from flows.deploy import build_parser
-
-    args = build_parser().parse_args([])
-    assert (args.cron, args.name, args.project) == ("0 2 * * *", "nightly", ".")
 
 
 def test_deploy_rejects_a_bad_params_file_before_serving(tmp_path):

@@ -1,7 +1,7 @@
 """Same params and seed -> byte-identical selection and plan, through the real stages."""
 
-from clusterft.config import load_config
-from clusterft.stages import stage_functions
+from clusterft.orchestration.launch import stage_functions
+from clusterft.spec.config import load_config
 from tests.conftest import tiny_params, write_params
 
 

@@ -8,6 +8,11 @@ from tests.conftest import tiny_params
 from tests.helpers.dvc_project import commit, dvc, make_project, ran
 
 
+def _json(out: str) -> dict:
+    """The JSON object in `dvc status --json` output (warnings may come first)."""
+    return json.loads(out[out.index("{"):])
+
+
 def test_dvc_repro_end_to_end_cache_then_exp_run_reruns_only_what_changed(tmp_path):
     root = tmp_path / "proj"
     params = tiny_params(root, relative=True)
@@ -21,6 +26,14 @@ def test_dvc_repro_end_to_end_cache_then_exp_run_reruns_only_what_changed(tmp_pa
 
     again = dvc(root, "repro")
     assert ran(again) == set()
+    assert "Data and pipelines are up to date" in dvc(root, "status", "dvc.yaml")
+    loss = root / "src/clusterft/core/losses.py"  # the code deps are derived: the loss reruns train
+    text = loss.read_text()
+    loss.write_text(text + "\n# edited\n")
+    stale = set(_json(dvc(root, "status", "--json", "dvc.yaml")))
+    assert {"train@full", "train@cluster", "evaluate@full", "evaluate@cluster"} <= stale
+    assert not stale & {"make-benchmark", "cluster", "select@cluster", "compare"}
+    loss.write_text(text)
     assert "Data and pipelines are up to date" in dvc(root, "status", "dvc.yaml")
 
     commit(root)  # the metrics JSON are visible to git (.gitignore), so the baseline holds them
@@ -43,8 +56,8 @@ def test_dvc_repro_end_to_end_cache_then_exp_run_reruns_only_what_changed(tmp_pa
 
 
 def test_dvc_repro_with_your_own_model_folder_and_data_files(tmp_path, tiny_model_dir):
-    from clusterft.benchmark import generate
-    from clusterft.config import BenchmarkConfig
+    from clusterft.core.benchmark import generate
+    from clusterft.spec.config import BenchmarkConfig
 
     model = tmp_path / "models" / "mine"  # outside the project, as a user's model usually is
     shutil.copytree(tiny_model_dir, model)

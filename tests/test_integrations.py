@@ -10,9 +10,14 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from clusterft.allocation import AllocationPlan, build_plan
-from clusterft.data import Encoded, IGNORE_INDEX, collate
-from clusterft.integrations import PlanBatchSampler, PlannedSelection, PlanSampler, WeightedTrainer
+from clusterft.core.allocation import AllocationPlan, build_plan
+from clusterft.core.tokens import IGNORE_INDEX, Encoded, collate
+from clusterft.integrations import (
+    PlanBatchSampler,
+    PlannedSelection,
+    PlanSampler,
+    WeightedTrainer,
+)
 from tests.conftest import REPO, tiny_params, write_params
 from tests.helpers.grad_case import case_samples
 
@@ -58,7 +63,7 @@ def _one_step_selection(weights):
 
 
 def test_weighted_trainer_loss_is_weighted_mean_of_response_token_losses(tiny_model_dir, tmp_path):
-    from clusterft.model import load_model
+    from clusterft.runtime.model import load_model
 
     samples = case_samples()  # 4 samples of lengths 5, 3, 6, 4; 2 prompt tokens each
     weights = [0.5, 2.0, 1.0, 0.5]
@@ -88,7 +93,7 @@ def test_weighted_trainer_loss_is_weighted_mean_of_response_token_losses(tiny_mo
 
 
 def test_weighted_trainer_refuses_arguments_that_would_leave_the_plan(tiny_model_dir, tmp_path):
-    from clusterft.model import load_model
+    from clusterft.runtime.model import load_model
 
     model = load_model(tiny_model_dir)
     train_ds = [{"input_ids": s.input_ids, "labels": s.labels} for s in case_samples()]
@@ -106,11 +111,11 @@ def test_weighted_trainer_refuses_arguments_that_would_leave_the_plan(tiny_model
 def test_real_hf_trainer_on_two_gloo_ranks_trains_exactly_the_plan(tmp_path):
     """torchrun x2 running a user-style Trainer script: each rank's loss saw exactly its plan
     steps (rows and weights, in order, uneven per-rank sizes included) and the loss fell."""
-    from clusterft.config import load_config
-    from clusterft.data import load_examples
-    from clusterft.selection import Selection, write_selection
-    from clusterft.allocation import save_plan
-    from clusterft.stages import stage_functions
+    from clusterft.core.selection import Selection
+    from clusterft.io.records import save_plan, write_selection
+    from clusterft.orchestration.launch import stage_functions
+    from clusterft.runtime.data import load_examples
+    from clusterft.spec.config import load_config
 
     params = write_params(tmp_path, tiny_params(tmp_path))
     cfg = load_config(params)

@@ -8,10 +8,9 @@ import subprocess
 import sys
 import uuid
 
-from clusterft.config import load_config
-from clusterft.stages import stage_functions
+from clusterft.orchestration.launch import stage_functions
+from clusterft.spec.config import load_config
 from tests.conftest import REPO, tiny_params, write_params
-
 
 SCALE_SETTINGS = ["train.strategy=fsdp", "train.precision=bf16", "train.grad_accum=2",
                   "train.activation_checkpointing=true"]  # as in the README's multi-node command

@@ -34,8 +34,8 @@ def test_chat_sources_are_loss_only_and_in_every_split():
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """The built-in tiny model with a chat template (stands in for SmolLM2-Instruct)."""
-    from clusterft.config import load_config
-    from clusterft.model import load_tokenizer, prepare_builtin
+    from clusterft.runtime.model import load_tokenizer, prepare_builtin
+    from clusterft.spec.config import load_config
 
     out = tmp_path_factory.mktemp("chat") / "model"
     cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -52,9 +52,8 @@ def chat_model(tmp_path_factory):
 def test_real_profile_settings_run_end_to_end_on_a_handful_of_samples(tmp_path, chat_model):
     import json
 
-    from clusterft.config import load_config
-    from clusterft.distributed import launch
-    from clusterft.stages import stage_functions
+    from clusterft.orchestration.launch import launch, stage_functions
+    from clusterft.spec.config import load_config
 
     splits = skill_records(160, 2, seed=1)
     chat = chat_splits([{"instruction": f"hello {i}", "output": f"hi there {i % 3}", "skill": "greetings"}
@@ -89,8 +88,8 @@ def test_real_profile_settings_run_end_to_end_on_a_handful_of_samples(tmp_path, 
 
 
 def test_proxy_warmup_reads_plain_text_like_its_features_while_target_reads_the_chat_template(tmp_path, chat_model):
-    from clusterft.config import load_config
-    from clusterft.warmup import warmup_examples
+    from clusterft.spec.config import load_config
+    from clusterft.stages.warmup import warmup_examples
 
     write_splits(skill_records(40, 2, seed=2), tmp_path / "data")
     sets = [f"model.path={chat_model}",

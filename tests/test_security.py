@@ -7,8 +7,9 @@ import re
 import pytest
 import torch
 
-from clusterft.config import ModelConfig, load_config
-from clusterft.model import ModelError, load_model, load_tokenizer
+from clusterft.errors import ModelError
+from clusterft.runtime.model import load_model, load_tokenizer
+from clusterft.spec.config import ModelConfig
 from tests.conftest import REPO
 
 CODE = sorted((REPO / "src").rglob("*.py")) + sorted((REPO / "flows").glob("*.py"))
@@ -64,11 +65,6 @@ def test_trust_remote_code_is_passed_from_config_only(tiny_model_dir, monkeypatc
     load_tokenizer(tiny_model_dir, mcfg)
     assert model_calls.calls[0]["trust_remote_code"] is allow and model_calls.calls[0]["use_safetensors"] is True
     assert tok_calls.calls[0]["trust_remote_code"] is allow
-
-
-def test_trust_remote_code_defaults_off():
-    assert load_config(None).model.trust_remote_code is False
-    assert load_config(REPO / "params.yaml").model.trust_remote_code is False
 
 
 def _calls(tree):

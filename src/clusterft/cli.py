@@ -9,15 +9,20 @@ torchrun when they run more than one process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-import os
 import sys
 import warnings
 from typing import Any
 
-from clusterft.methods import METHODS
-from clusterft.stages import BY_NAME, STAGES
+from clusterft.errors import USER_ERRORS, LaunchError
+from clusterft.io.preflight import load_checked
+from clusterft.io.runlock import artifacts_lock
+from clusterft.orchestration.dvcfile import write_dvc_files
+from clusterft.orchestration.launch import resolve, run_stage
+from clusterft.spec.config import params_help, params_markdown
+from clusterft.spec.methods import METHODS
+from clusterft.spec.stages import BY_NAME, STAGES
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clusterft", description=__doc__.split("\n")[0])
@@ -34,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         if st.name == "experiment":
             sp.add_argument("--report-only", action="store_true",
                             help="train nothing: report the runs already finished under the current params")
-    sub.add_parser("params", help="print every param with its default and help")
+    sp = sub.add_parser("params", help="print every param with its default and help")
+    sp.add_argument("--markdown", action="store_true", help="as the README's markdown table")
     sp = sub.add_parser("dvc-yaml", help="write dvc.yaml and experiments/dvc.yaml from the stage table",
                         description="Generate the DVC files from src/clusterft/stages.py.")
     sp.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
@@ -42,43 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def print_params() -> None:
-    from clusterft.config import PipelineConfig
-
-    def walk(cls: type, prefix: str) -> None:
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if dataclasses.is_dataclass(default):
-                walk(type(default), f"{prefix}{f.name}.")
-            else:
-                print(f"{prefix}{f.name} = {default!r}  # {f.metadata.get('help', '')}")
-
-    walk(PipelineConfig, "")
-
-
-def _under_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+    for key, default, help_text in params_help():
+        print(f"{key} = {default!r}  # {help_text}")
 
 
 def _run_stage(cfg: Any, st: Any, args: argparse.Namespace) -> None:
-    """One stage in this process, or relaunched under torchrun when it has several workers."""
+    """One stage through the launcher (in this process, or under torchrun when it has several
+    workers); the grid takes the params file itself."""
     if st.name == "experiment":
-        from clusterft.experiment import run_experiment
-
-        run_experiment(args.params, args.overrides, report_only=args.report_only)
+        resolve(st.func)(args.params, args.overrides, report_only=args.report_only)
         return
-    if st.nproc(cfg) > 1 and not _under_torchrun():  # re-run this same command under torchrun
-        from clusterft.distributed import launch_stage
-
-        launch_stage(cfg, st.name, args.params, args.overrides, args.method if st.per_method else None,
-                     args.run if st.per_method else None)
-        return
-    st.function(cfg, args.method, args.run) if st.per_method else st.function(cfg)
+    method, run = (args.method, args.run) if st.per_method else (None, None)
+    run_stage(cfg, st.name, args.params, args.overrides, method, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clusterft.distributed import LaunchError
-    from clusterft.errors import USER_ERRORS
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -91,21 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         pass
     args = build_parser().parse_args(argv)
     if args.command == "params":
-        print_params()
+        print(params_markdown(), end="") if args.markdown else print_params()
         return 0
     if args.command == "dvc-yaml":
-        from clusterft.stages import write_dvc_files
-
         stale = write_dvc_files(".", check=args.check)
         for name in stale:
             print(f"{name}: {'differs from the stage table' if args.check else 'written'}")
         return 1 if args.check and stale else 0
     try:
-        from clusterft.config import load_config
-
-        from clusterft.runlock import artifacts_lock
-
-        cfg = load_config(args.params, args.overrides)
+        cfg = load_checked(args.params, args.overrides)
         st = BY_NAME[args.command]
         if st.per_method:
             cfg.method_dir(args.method, args.run)  # an unknown method or a path as run name: refused now

@@ -14,7 +14,7 @@ the batch sampler hands the DataLoader whole plan steps and `per_device_train_ba
 is ignored. The Trainer must run `plan.epochs` epochs on `plan.world_size` processes with
 `gradient_accumulation_steps=1` (checked at construction).
 
-Loss, as in `clusterft.train`: rank loss = (world / B_step) * sum_i w_i l_i, with l_i the
+Loss, as in the train stage (runtime.loop): rank loss = (world / B_step) * sum_i w_i l_i, with l_i the
 mean response-token loss of sample i and B_step the sample count of the whole global step,
 so DDP's gradient average is the weighted mean over the global step.
 """
@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from clusterft.allocation import AllocationPlan, load_plan
-from clusterft.data import per_sample_loss
+from clusterft.core.allocation import AllocationPlan
+from clusterft.core.losses import per_sample_loss
+from clusterft.io.records import load_plan, read_selection
 
 try:  # transformers is a hard dependency; keep the sampler importable without it anyway
     from transformers import Trainer
@@ -53,8 +54,6 @@ class PlannedSelection:
     @classmethod
     def load(cls, method_dir: str | Path) -> "PlannedSelection":
         """Read <method_dir>/selection.jsonl, plan.npy and plan.json."""
-        from clusterft.selection import read_selection
-
         d = Path(method_dir)
         sel = read_selection(d / "selection.jsonl")
         plan = load_plan(d)

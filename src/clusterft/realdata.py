@@ -14,7 +14,8 @@ import importlib.util
 import random
 from pathlib import Path
 
-from clusterft.data import write_jsonl
+from clusterft.core.benchmark import skill_sizes
+from clusterft.io.examples import write_jsonl
 
 
 def package_dir(name: str) -> Path:
@@ -134,8 +135,6 @@ def skill_records(n_train: int, n_test_per_skill: int, zipf_s: float = 1.5, pool
                   seed: int = 0, n_val_per_skill: int | None = None) -> dict[str, list[dict]]:
     """Exact-match skill records for train (Zipf sizes, pooled head) and balanced
     validation/test (fresh inputs: the head is scored on what it generalises to)."""
-    from clusterft.benchmark import skill_sizes
-
     rng = random.Random(seed)
     syll = ["zo", "ka", "mi", "ru", "te", "po", "la", "vi", "ne", "su"]
     keys = sorted({rng.choice(syll) + rng.choice(syll) for _ in range(60)})[:24]

@@ -3,8 +3,8 @@
 
 import numpy as np
 
-from clusterft.allocation import AllocationPlan
-from clusterft.data import IGNORE_INDEX, Encoded
+from clusterft.core.allocation import AllocationPlan
+from clusterft.core.tokens import IGNORE_INDEX, Encoded
 
 CASE_WEIGHTS = [0.5, 2.0, 1.0, 0.5]
 CASE_STEPS = [([0, 1, 2], [3]), ([3], [0, 2]), ([1, 0], [])]  # per step: (rank 0's, rank 1's) samples

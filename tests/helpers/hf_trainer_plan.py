@@ -13,10 +13,11 @@ from pathlib import Path
 
 from transformers import DataCollatorForSeq2Seq, TrainingArguments
 
-from clusterft.config import load_config
-from clusterft.data import encode_all, load_examples
+from clusterft.core.tokens import encode_all
 from clusterft.integrations import PlannedSelection, WeightedTrainer
-from clusterft.model import base_model_dir, load_model, load_tokenizer
+from clusterft.runtime.data import load_examples
+from clusterft.runtime.model import base_model_dir, load_model, load_tokenizer
+from clusterft.spec.config import load_config
 
 
 class RecordingTrainer(WeightedTrainer):

@@ -3,9 +3,9 @@ which would make every lora_A gradient zero), plus samples of different lengths.
 
 import torch
 
-from clusterft.config import LoraConfig, TinyModelConfig
-from clusterft.data import IGNORE_INDEX, Encoded
-from clusterft.model import add_lora, build_tiny_model, train_tokenizer
+from clusterft.core.tokens import IGNORE_INDEX, Encoded
+from clusterft.runtime.model import add_lora, build_tiny_model, train_tokenizer
+from clusterft.spec.config import LoraConfig, TinyModelConfig
 
 
 def lora_model(seed: int = 0) -> torch.nn.Module:

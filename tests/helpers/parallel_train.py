@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from clusterft import distributed, parallel
-from clusterft.model import load_model
-from clusterft.train_loop import gather_rank_timings, train_on_plan
+from clusterft.runtime import distributed, parallel
+from clusterft.runtime.loop import gather_rank_timings, train_on_plan
+from clusterft.runtime.model import load_model
+from clusterft.spec.config import TrainConfig
 from tests.helpers.grad_case import CASE_WEIGHTS, case_plan, case_samples
 
 
@@ -28,9 +29,9 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: 
         base.register_forward_pre_hook(lambda *_: time.sleep(float(delay)))
     model = parallel.wrap(base, strategy, info)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
-    history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), info.rank, 0,
-                  lr=0.5, warmup_ratio=0.0, optimizer=opt, world_size=info.world_size,
-                  grad_accum=int(grad_accum))
+    t = TrainConfig(lr=0.5, warmup_ratio=0.0, grad_accum=int(grad_accum))
+    history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), t, info,
+                            optimizer=opt)
     timings = gather_rank_timings(history, info.world_size)
     weights = parallel.full_state_dict(model)
     if info.is_main:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterft.config import load_config
-from clusterft.stages import stage_functions
+from clusterft.orchestration.launch import stage_functions
+from clusterft.spec.config import load_config
 from tests.conftest import tiny_params, write_params
 
 

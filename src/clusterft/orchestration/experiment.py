@@ -1,0 +1,167 @@
+"""Experiment grid: methods x budgets x seeds, each a full select -> allocate -> train ->
+evaluate run in experiments/<run>/, then one report (markdown + PNG + MLflow).
+
+The selection stages every cluster-based run needs (warmup, features, cluster) are run
+once, through the same launcher as `dvc repro` (so their measured time is the declared
+launch's), and their wall-clock is added to each such run's end-to-end time, as a user would
+pay it once per dataset. `full` and `infobatch` ignore the budget; `cluster_paper` uses the
+budget as the paper's ratio r (its kept fraction then follows the smallest cluster).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from clusterft.core.timebudget import TimeModel
+from clusterft.errors import SelectionError
+from clusterft.io.artifacts import atomic_write_text
+from clusterft.io.timings import read_probe
+from clusterft.orchestration.launch import run_stage
+from clusterft.report.grid import result_row, write_report
+from clusterft.report.tracking import run_params
+from clusterft.runtime.data import load_examples
+from clusterft.spec.config import load_config, to_dict
+from clusterft.spec.grid import RunSpec, grid
+from clusterft.spec.methods import METHODS, paid_stages, time_budgeted
+from clusterft.spec.stages import PIPELINE, STAGES
+from clusterft.stages.evaluate import run_zero_shot
+from clusterft.stages.timeplan import cluster_count, time_plan, train_chars
+
+SHARED_SECTIONS = ("data", "model", "lora", "warmup", "features", "cluster")
+RUN_SECTIONS = (*SHARED_SECTIONS, "select", "train", "evaluate")
+
+
+TIME_BUDGET_KEYS = ("select.time_budget", "select.probe_steps")
+
+
+def params_digest(cfg: Any, sections: tuple[str, ...], omit: tuple[str, ...] = ()) -> str:
+    """Hash of the effective params of `sections` (less the `omit` keys) and of the data
+    files they name: equal digests mean a stored result was made from the same inputs."""
+    doc = {s: to_dict(getattr(cfg, s)) for s in sections}
+    for key in omit:
+        section, name = key.split(".")
+        doc.get(section, {}).pop(name, None)
+    h = hashlib.sha1(json.dumps(doc, sort_keys=True).encode())
+    for split in ("train", "validation", "test"):
+        p = Path(getattr(cfg.data, split))
+        h.update(p.read_bytes() if p.exists() else b"-")
+    return h.hexdigest()
+
+
+def run_digest(cfg: Any, spec: RunSpec) -> str:
+    """A run's digest: its params and data, and for a time-budgeted run the probe's timings
+    its data budget was planned from (a new probe reruns it). Without a time budget its
+    params are left out, so runs made before they existed stay valid."""
+    digest = params_digest(cfg, RUN_SECTIONS, () if spec.time_budget else TIME_BUDGET_KEYS)
+    probe = cfg.artifact("probe", "metrics.json")
+    if spec.time_budget and probe.exists():
+        digest = hashlib.sha1(digest.encode() + probe.read_bytes()).hexdigest()
+    return digest
+
+
+def _fresh(stamp: Path, digest: str, done: Path) -> bool:
+    """True when `done` exists and `stamp` says it was made under `digest`."""
+    return done.exists() and stamp.exists() and stamp.read_text().strip() == digest
+
+
+def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
+    """Select, allocate, train (torchrun) and evaluate one run; return its result row.
+    A finished run is reused only when its params and data digest match (the grid resumes
+    after a crash; a changed param reruns the runs it affects)."""
+    cfg = load_config(params, [*overrides, *spec.overrides()])
+    rdir = cfg.method_dir(spec.method, spec.name)
+    digest = run_digest(cfg, spec)
+    if not _fresh(rdir / "digest.txt", digest, rdir / "eval.json"):
+        if rdir.exists():
+            shutil.rmtree(rdir)  # stale: made under other params (its checkpoints too)
+        for st in PIPELINE:
+            if st.per_method:
+                run_stage(cfg, st.name, params, [*overrides, *spec.overrides()], spec.method, spec.name)
+        atomic_write_text(rdir / "params.json", json.dumps(run_params(cfg), indent=1))
+        atomic_write_text(rdir / "digest.txt", digest)
+    return result_row(cfg, spec, rdir)
+
+
+def finished_row(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any] | None:
+    """The result row of a run finished under the current params, else None."""
+    cfg = load_config(params, [*overrides, *spec.overrides()])
+    rdir = cfg.method_dir(spec.method, spec.name)
+    if not _fresh(rdir / "digest.txt", run_digest(cfg, spec), rdir / "eval.json"):
+        return None
+    return result_row(cfg, spec, rdir)
+
+
+def prepare_shared(cfg: Any, params: str, overrides: list[str]) -> None:
+    """Run the once-per-dataset stages the grid's methods need, unless already done under
+    the same params and data (else all of them again); the training probe (torchrun) when
+    a time budget needs it and its last run timed another setup."""
+    digest = params_digest(cfg, SHARED_SECTIONS)
+    stamp = cfg.artifact("shared_digest.txt")  # written once every shared stage is done
+    stale = not _fresh(stamp, digest, stamp)
+    e = cfg.experiment
+    needed = {"prepare-model"} | {s for m in e.methods for tb in (0, *e.time_budgets) for s in paid_stages(m, tb)}
+    if cfg.builtin_split("train"):
+        needed.add("make-benchmark")
+    for st in STAGES:
+        if st.name == "probe" and st.name in needed:
+            _probe(cfg, params, [*overrides, f"select.time_budget={e.time_budgets[0]}"])
+        elif st.name in needed and (stale or not st.metrics_path(cfg).exists()):
+            run_stage(cfg, st.name, params, overrides)  # the launch dvc repro uses (features: its workers)
+    if cfg.experiment.zero_shot and (stale or not cfg.artifact("baseline", "eval.json").exists()):
+        run_zero_shot(cfg)  # the floor: the base model before any fine-tuning
+    atomic_write_text(stamp, digest)
+
+
+def check_time_budgets(params: str, overrides: list[str]) -> None:
+    """Refuse (TimeBudgetError, with the smallest that fits) a time budget of the grid that no
+    run could meet, before any run trains (each run's select would refuse it later)."""
+    base = load_config(params, overrides)
+    if not base.experiment.time_budgets:
+        return
+    chars, tm = train_chars(load_examples(base, "train")), TimeModel.from_probe(read_probe(base))
+    for tb in base.experiment.time_budgets:
+        cfg = load_config(params, [*overrides, f"select.time_budget={tb}"])
+        for m in base.experiment.methods:
+            if time_budgeted(m, tb):
+                time_plan(cfg, m, tm, chars, cluster_count(cfg) if "cluster" in METHODS[m].needs else 0, 0.0)
+
+
+def _probe(cfg: Any, params: str, overrides: list[str]) -> None:
+    """Run the probe stage (torchrun) unless it already timed this training setup."""
+    on = load_config(params, overrides)
+    try:
+        read_probe(on)
+    except SelectionError:
+        run_stage(on, "probe", params, overrides)
+
+
+def run_experiment(params: str, overrides: list[str] | None = None, progress: bool = True,
+                   report_only: bool = False) -> dict[str, Any]:
+    """Stage `experiment`: shared stages once (if missing), every grid run, the report.
+    `report_only`: no training; the report covers the grid's runs already finished under the
+    current params (e.g. a grid stopped part-way)."""
+    overrides = list(overrides or [])
+    cfg = load_config(params, overrides)
+    e = cfg.experiment
+    specs = grid(e.methods, e.budgets, e.seeds, e.time_budgets)
+    if report_only:
+        rows = [r for r in (finished_row(params, overrides, s) for s in specs) if r is not None]
+        return write_report(cfg, rows)
+    prepare_shared(cfg, params, overrides)
+    check_time_budgets(params, overrides)
+    rows = []
+    start = time.perf_counter()
+    bar = tqdm(specs, desc="experiment", unit="run", disable=not progress)
+    for spec in bar:
+        bar.set_postfix_str(spec.name)
+        rows.append(run_one(params, overrides, spec))
+    summary = write_report(cfg, rows)
+    summary["wall_clock_s"] = time.perf_counter() - start
+    return summary

@@ -1,0 +1,1 @@
+"""What a person reads: comparison tables, the experiment report, plots, MLflow tracking."""

@@ -1,0 +1,63 @@
+"""torch.distributed setup shared by training and feature extraction.
+
+Under `torchrun` (RANK/WORLD_SIZE set) a process group is started: NCCL when CUDA is
+available, gloo otherwise. Without torchrun everything runs as a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(timeout_s: int = 1800) -> DistInfo:
+    """Join the torchrun process group if there is one; pick device and backend."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = None
+    if world > 1:
+        backend = "nccl" if cuda else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank, world, local, device, backend)
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    """Element-wise sum over the torchrun world (also a barrier); identity for a world of one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return [int(v) for v in t.tolist()]

@@ -1,0 +1,123 @@
+"""Stage `train`: weighted data-parallel fine-tuning of one method's selection along its
+allocation plan (torchrun + DDP or FSDP), with checkpoints that resume and live tracking.
+The loop is runtime.loop; checkpoints are runtime.checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterft.core.allocation import AllocationPlan
+from clusterft.core.infobatch import InfoBatchSource
+from clusterft.core.tokens import encode_all, truncation_report
+from clusterft.errors import AllocationError
+from clusterft.io.artifacts import atomic_write_text, file_digest, read_json, write_json
+from clusterft.io.records import dynamic_source, load_plan, read_selection
+from clusterft.report.tracking import LiveTraining
+from clusterft.runtime import distributed, parallel
+from clusterft.runtime.data import load_examples
+from clusterft.runtime.loop import gather_rank_timings, train_on_plan, wait_summary
+from clusterft.runtime.model import build_model, plain_model, save_trained
+from clusterft.spec.methods import METHODS
+
+
+def check_plan(mdir: Path, world_size: int) -> AllocationPlan:
+    """The method folder's plan, refused (AllocationError) when it is missing, was built from
+    another selection.jsonl (its digest is in plan.json) or for another number of workers."""
+    if not (mdir / "plan.npy").exists():
+        raise AllocationError(f"{mdir / 'plan.npy'}: no allocation plan; run `clusterft allocate` first")
+    made_from = read_json(mdir / "plan.json").get("selection_digest")
+    if made_from and (mdir / "selection.jsonl").exists() and made_from != file_digest(mdir / "selection.jsonl"):
+        raise AllocationError(f"{mdir / 'plan.npy'}: the plan was built from another version of "
+                              f"{mdir / 'selection.jsonl'}; rerun `clusterft allocate` (`dvc repro` does)")
+    plan = load_plan(mdir)
+    if plan.world_size != world_size:
+        raise AllocationError(
+            f"{mdir / 'plan.npy'}: plan is for {plan.world_size} workers but training runs "
+            f"{world_size}; rerun `clusterft allocate` with train.nproc={world_size}")
+    return plan
+
+
+def check_train_inputs(cfg: Any, method: str, run: str | None = None) -> None:
+    """What would fail the same way on every rank and every restart (bad data, a missing or
+    mismatched plan), checked once before torchrun starts: refused, never retried."""
+    mdir = cfg.method_dir(method, run)
+    check_plan(mdir, cfg.train.nproc)
+    read_selection(mdir / "selection.jsonl")
+    load_examples(cfg, "train")
+
+
+def batch_source(cfg: Any, method: str, mdir: Path, plan: AllocationPlan, sel: dict, lengths: np.ndarray,
+                 info: Any) -> Any:
+    """What this rank trains: the static plan, or a source that draws each epoch's batches
+    while training (InfoBatch's pruning, cluster_dynamic's rotation)."""
+    t = cfg.train
+    if METHODS[method].allocation == "infobatch":
+        return InfoBatchSource(len(lengths), info.world_size, t.per_device_batch, t.epochs, t.seed, info.rank,
+                               t.infobatch_prune)
+    if METHODS[method].allocation == "dynamic":
+        return dynamic_source(cfg, mdir, np.asarray(sel["cluster"]), lengths, info.rank)
+    return plan
+
+
+def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
+    """Stage `train`: follows methods/<m>/plan.npy; writes model/, train_metrics.json."""
+    start = time.perf_counter()
+    info = distributed.init_distributed(timeout_s=cfg.train.timeout_s)
+    mdir = cfg.method_dir(method, run)
+    plan = check_plan(mdir, info.world_size)
+    sel = read_selection(mdir / "selection.jsonl")
+    examples = load_examples(cfg, "train")
+    model, tokenizer = build_model(cfg, info.device)
+    encoded = encode_all([examples[r] for r in sel["row"]], tokenizer, cfg.data.max_length)
+    truncation = truncation_report(encoded, "train (selected)", cfg.data.max_length) if info.is_main else {}
+    model = parallel.wrap(model, cfg.train.strategy, info, cfg.train.precision)
+    loop_start = time.perf_counter()
+    source = batch_source(cfg, method, mdir, plan, sel, np.array([e.n_tokens for e in encoded]), info)
+    live = LiveTraining(cfg, method, run or method, len(encoded)) if info.is_main and cfg.tracking.live else None
+    history = train_on_plan(model, encoded, np.asarray(sel["weight"]), source, cfg.train, info,
+                            tokenizer.pad_token_id, checkpoint_dir=mdir / "checkpoint",
+                            on_step=live.on_step if live else None)
+    loop_s = time.perf_counter() - loop_start
+    per_rank = gather_rank_timings(history, info.world_size)
+    trained = plain_model(cfg, model, info)
+    metrics: dict[str, Any] = {}
+    if info.is_main:
+        for h, timings in zip(history, per_rank):
+            h.update(timings)
+        save_trained(trained, tokenizer, mdir / "model")
+        metrics = {"method": method, "world_size": info.world_size, "backend": info.backend or "none",
+                   "strategy": cfg.train.strategy if info.world_size > 1 else "single", "train_loop_s": loop_s,
+                   "truncation": truncation, **run_summary(history, source, plan),
+                   "wall_clock_s": time.perf_counter() - start}
+        if live is not None:
+            metrics["mlflow_run_id"] = live.finish(metrics, mdir / "model")
+        atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        shutil.rmtree(mdir / "checkpoint", ignore_errors=True)  # the run is complete
+        write_json(mdir / "train_metrics.json", metrics)
+    distributed.barrier()
+    distributed.cleanup()
+    return metrics
+
+
+def run_summary(history: list[dict], source: Any, plan: AllocationPlan) -> dict[str, Any]:
+    """A finished run's figures from its step records: steps, loss at the end, throughput,
+    memory, compute vs sync per rank, and the samples trained in each epoch."""
+    tail = history[-max(1, len(history) // 10):]
+    return {
+        "steps": len(history),
+        "samples_seen_rank0": sum(h["samples"] for h in history),
+        "final_loss": float(np.mean([h["weighted_loss"] for h in tail])),
+        "tokens_per_s_rank0": float(np.sum([h["tokens"] for h in history])
+                                    / max(1e-9, np.sum([h["compute_s"] for h in history]))),
+        "peak_mem_mb_rank0": float(max((h["peak_mem_mb"] for h in history), default=0.0)),
+        **wait_summary(history),
+        "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)
+        or [int(x) for x in plan.step_sizes().sum(1)],
+    }

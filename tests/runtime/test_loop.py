@@ -1,0 +1,72 @@
+"""The training loop's step options: micro-batches (grad_accum, micro_batch_tokens) give the
+same update as the whole step; bf16 / fp16 autocast train a real tiny model end to end."""
+
+import numpy as np
+import pytest
+import torch
+
+from clusterft.core.allocation import build_plan
+from clusterft.runtime.loop import make_optimizer, micro_batches, train_on_plan
+from clusterft.runtime.model import load_model
+from clusterft.spec.config import TrainConfig
+from tests.helpers.grad_case import case_samples
+
+
+def test_micro_batches_cover_the_step_in_order_under_the_token_cap():
+    lengths = np.array([5, 3, 6, 4, 9, 2, 7])
+    for parts, cap in [(1, 0), (2, 0), (3, 12), (1, 10), (7, 0), (20, 0), (1, 1)]:
+        mbs = micro_batches(len(lengths), lengths, parts, cap)
+        assert np.concatenate(mbs).tolist() == list(range(len(lengths)))
+        assert len(mbs) >= min(parts, len(lengths))
+        for mb in mbs:
+            assert len(mb) == 1 or not cap or len(mb) * lengths[mb].max() <= cap
+
+
+def _train(model_dir, checkpointing=False, optimizer="adamw", **options):
+    torch.manual_seed(0)
+    model = load_model(model_dir)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = make_optimizer(optimizer, list(model.parameters()), 1e-2, 0.0)
+    samples = case_samples() * 4
+    plan = build_plan(np.full(len(samples), -1), 1, 8, 2, 0, "shuffle")
+    history = train_on_plan(model, samples, np.linspace(0.5, 2.0, len(samples)), plan,
+                            TrainConfig(lr=1e-2, log_every=100, **options), optimizer=opt)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, history
+
+
+@pytest.mark.parametrize("options", [{"grad_accum": 3}, {"grad_accum": 8}, {"micro_batch_tokens": 12}])
+def test_micro_batches_give_the_same_update_as_the_whole_step(tiny_model_dir, options):
+    whole, h1 = _train(tiny_model_dir)
+    split, h2 = _train(tiny_model_dir, **options)
+    for n in whole:
+        torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert [h["tokens"] for h in h1] == [h["tokens"] for h in h2]
+    assert [h["weighted_loss"] for h in h1] == pytest.approx([h["weighted_loss"] for h in h2], rel=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):
+    plain, h1 = _train(tiny_model_dir)
+    recomputed, h2 = _train(tiny_model_dir, checkpointing=True)
+    for n in plain:
+        torch.testing.assert_close(recomputed[n], plain[n], rtol=1e-4, atol=1e-5, msg=n)
+    for h in h1 + h2:
+        assert h["tokens_per_s"] > 0 and h["peak_mem_mb"] > 0
+
+
+def test_adafactor_trains(tiny_model_dir):
+    start = {n: p.detach().clone() for n, p in load_model(tiny_model_dir).named_parameters()}
+    trained, h = _train(tiny_model_dir, optimizer="adafactor")
+    assert all(np.isfinite(r["weighted_loss"]) for r in h)
+    assert any(not torch.equal(trained[n], start[n]) for n in start)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_trains_the_tiny_model(tiny_model_dir, precision):
+    start = {n: p.detach().clone() for n, p in load_model(tiny_model_dir).named_parameters()}
+    fp32, h32 = _train(tiny_model_dir)
+    half, h = _train(tiny_model_dir, precision=precision)
+    assert all(np.isfinite(r["weighted_loss"]) for r in h)
+    moved = sum(float((half[n] - start[n]).abs().sum()) for n in start)
+    assert moved > 0 and all(half[n].dtype == torch.float32 for n in half)  # fp32 master weights
+    assert h[0]["weighted_loss"] == pytest.approx(h32[0]["weighted_loss"], rel=0.05)  # same model, rounder

@@ -1,0 +1,87 @@
+import json
+import subprocess
+import sys
+
+import torch
+
+from clusterft.runtime.model import load_model
+from tests.conftest import REPO
+
+
+def test_pipeline_training_ran_two_gloo_workers_and_saved_safetensors(tiny_run):
+    cfg = tiny_run["cfg"]
+    for m in cfg.select.methods:
+        mdir = cfg.artifact("methods", m)
+        metrics = json.loads((mdir / "train_metrics.json").read_text())
+        assert metrics["world_size"] == 2 and metrics["backend"] == "gloo"
+        log = [json.loads(l) for l in (mdir / "train_log.jsonl").read_text().splitlines()]
+        assert len(log) == metrics["steps"] and all(r["step_s"] > 0 for r in log)
+        assert list((mdir / "model").glob("*.safetensors"))
+    full = json.loads((cfg.artifact("methods", "full") / "train_log.jsonl").read_text().splitlines()[-1])
+    first = json.loads((cfg.artifact("methods", "full") / "train_log.jsonl").read_text().splitlines()[0])
+    assert full["loss"] < first["loss"]
+
+
+def test_bf16_accumulated_checkpointed_adafactor_training_end_to_end(tmp_path):
+    """The scale-out options together through the real CLI and 2 gloo workers on the tiny model."""
+    from tests.helpers.project import prepared
+
+    params, cfg = prepared(tmp_path, lambda p: p["train"].update(
+        precision="bf16", grad_accum=2, micro_batch_tokens=64, activation_checkpointing=True,
+        optimizer="adafactor", checkpoint_every=3), upto=("make-benchmark", "prepare-model", "select", "allocate"))
+    subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"],
+                   check=True, cwd=REPO, timeout=600)
+    mdir = cfg.method_dir("full")
+    m = json.loads((mdir / "train_metrics.json").read_text())
+    assert m["world_size"] == 2 and m["tokens_per_s_rank0"] > 0 and m["peak_mem_mb_rank0"] > 0
+    log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
+    assert all(r["weighted_loss"] == r["weighted_loss"] for r in log)  # finite, no NaN
+    assert log[-1]["weighted_loss"] < log[0]["weighted_loss"]
+    assert any(f.suffix == ".safetensors" for f in (mdir / "model").iterdir())
+
+
+def test_lora_under_fsdp_saves_the_merged_model(tmp_path):
+    """LoRA adapters sharded with their frozen base (FSDP2, 2 gloo ranks): the unsharded
+    weights are gathered on rank 0 and the adapter is merged into the saved model."""
+    from tests.helpers.project import prepared
+
+    params, cfg = prepared(tmp_path, lambda p: (p["train"].update(finetune="lora", strategy="fsdp", lr=0.05),
+                                                p["lora"].update(target_modules=["q_proj", "v_proj"])),
+                           upto=("make-benchmark", "prepare-model", "select", "allocate"))
+    subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method", "full"],
+                   check=True, cwd=REPO, timeout=600)
+    mdir = cfg.method_dir("full")
+    assert json.loads((mdir / "train_metrics.json").read_text())["strategy"] == "fsdp"
+    base, trained = load_model(cfg.model.path), load_model(mdir / "model")
+    names = {n for n, _ in trained.named_parameters()}
+    assert names == {n for n, _ in base.named_parameters()}  # merged: no adapter tensors left
+    changed = [n for n, p in trained.named_parameters()
+               if not torch.equal(p, dict(base.named_parameters())[n])]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
+
+
+def test_cluster_dynamic_end_to_end_under_two_gloo_workers(tmp_path):
+    """select writes the pool and the quotas, allocate the first epoch's plan, and training
+    under torchrun draws a fresh balanced subset of the quota's size every epoch."""
+    import json
+    import subprocess
+    import sys
+
+    from clusterft.orchestration.launch import stage_functions
+    from tests.conftest import REPO
+    from tests.helpers.project import prepared
+
+    params, cfg = prepared(tmp_path, lambda p: p["train"].update(epochs=3, dynamic_hard=0.5),
+                           upto=("make-benchmark", "prepare-model", "warmup", "features", "cluster"))
+    fns = stage_functions()
+    sel = fns["select"](cfg, "cluster_dynamic")
+    fns["allocate"](cfg, "cluster_dynamic")
+    mdir = cfg.method_dir("cluster_dynamic")
+    per_epoch = json.loads((mdir / "quotas.json").read_text())["per_epoch"]
+    assert per_epoch == 120 and sel["n_selected"] > per_epoch and sel["kept_fraction"] == 0.5
+    subprocess.run([sys.executable, "-m", "clusterft.cli", "train", "--params", str(params), "--method",
+                    "cluster_dynamic"], check=True, cwd=REPO, timeout=600)
+    m = json.loads((mdir / "train_metrics.json").read_text())
+    assert m["world_size"] == 2 and m["samples_trained_per_epoch"] == [per_epoch] * 3
+    log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == m["steps"] == 3 * (per_epoch // 16) and log[-1]["weighted_loss"] < log[0]["weighted_loss"]
