@@ -1,8 +1,9 @@
 """Allocation quality on the pipeline's own selection: our balanced plan versus the earlier
 per-step plan and a shuffled DistributedSampler, side by side, for 2, 4 and 8 ranks.
 
-Needs a finished pipeline run (artifacts/methods/<method>/selection.jsonl): `dvc repro`.
-Usage: python benchmarks/bench_allocation.py [--params params.yaml] [--method cluster]
+Needs a finished pipeline run (artifacts/methods/<method>/selection.jsonl: `dvc repro`) or a
+grid run (--run cluster-b0.3-s0: artifacts/experiments/<run>/selection.jsonl).
+Usage: python benchmarks/bench_allocation.py [--params params.yaml] [--set key=value] [--method cluster] [--run NAME]
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from clusterft.spec.config import load_config
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--method", default="cluster")
+    ap.add_argument("--run", default=None, help="a grid run's folder under experiments/")
     ap.add_argument("--ranks", default="2,4,8")
     args = ap.parse_args()
-    cfg = load_config(args.params)
-    sel = read_selection(cfg.artifact("methods", args.method, "selection.jsonl"))
+    cfg = load_config(args.params, args.overrides)
+    sel = read_selection(cfg.method_dir(args.method, args.run) / "selection.jsonl")
     clusters = np.asarray(sel["cluster"])
     examples = load_examples(cfg, "train")
     tok = load_tokenizer(base_model_dir(cfg), cfg.model)
     lengths = np.array([e.n_tokens for e in encode_all([examples[r] for r in sel["row"]], tok, cfg.data.max_length)])
     b = cfg.train.per_device_batch
-    print(f"selection: {args.method}, {len(clusters)} samples, {len(set(clusters))} clusters, "
+    print(f"selection: {args.run or args.method}, {len(clusters)} samples, {len(set(clusters))} clusters, "
           f"tokens/sample {lengths.min()}-{lengths.max()} (mean {lengths.mean():.1f}), per-device batch {b}")
     print("| ranks | plan | token imbalance (max/mean) | worst step | padded-cost imbalance | padding fraction "
           "| coverage error (max) | plan drift (samples) | rank x cluster coverage | build s |")

@@ -74,6 +74,7 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_run")
     p = tiny_params(root)
     p["tracking"]["live"] = True
+    p["evaluate"]["every"] = 0.5  # validation curves, sharded over the two workers
     params = write_params(root, p)
     cfg = load_config(params)
     summary = None

@@ -95,6 +95,49 @@ CASES = [
     ("grad-accum-zero", lambda r: _raw_params(r, "train:\n  grad_accum: 0\n"), ["train.grad_accum", "[1, inf]"]),
     ("clusters-from-other-features", lambda r: _clusters_from_other_features(r),
      ["clusters were computed from another version of", "rerun cluster"]),
+    ("json-nested-too-deeply", lambda r: _data(r, b'{"instruction": "x", "output": ' + b"[" * 100000
+                                               + b"]" * 100000 + b"}\n"), [":1:", "nested too deeply"]),
+    ("json-object-nested-too-deeply", lambda r: _data(r, b'{"a": ' * 50000 + b"1" + b"}" * 50000 + b"\n"),
+     [":1:", "nested too deeply"]),
+    ("lone-surrogate", lambda r: _data(r, b'{"instruction": "x", "output": "\\ud800"}\n'),
+     [":1:", "field 'output'", "U+D800", "lone surrogate"]),
+    ("lone-low-surrogate-in-chat", lambda r: _data(r, b'{"messages": [{"role": "user", "content": "a\\udfffb"}, '
+                                                   b'{"role": "assistant", "content": "y"}]}\n'),
+     [":1:", "field 'messages[0].content'", "U+DFFF"]),
+    ("data-file-is-a-folder", lambda r: _edit(r, lambda p: p["data"].update(train=str(r / "artifacts")), "select",
+                                              "--method", "full"), ["data.train", "is a folder"]),
+    ("max-length-one", lambda r: _raw_params(r, "data:\n  max_length: 1\n"),
+     ["data.max_length", "[2, inf]", "a prompt token and an answer token"]),
+    ("tracking-uri-unknown-scheme", lambda r: _raw_params(r, "tracking:\n  tracking_uri: bogus://x\n"),
+     ["tracking.tracking_uri", "unknown store scheme 'bogus'"]),
+    ("tracking-uri-empty", lambda r: _raw_params(r, "tracking:\n  tracking_uri: ''\n"),
+     ["tracking.tracking_uri", "empty"]),
+    ("tracking-server-unreachable", lambda r: _edit(r, lambda p: p["tracking"].update(tracking_uri="http://127.0.0.1:9"),
+                                                    "cluster"), ["tracking.tracking_uri", "does not answer"]),
+    ("params-nested-too-deeply", lambda r: _raw_params(r, "train:\n  lr: " + "[" * 5000 + "]" * 5000 + "\n"),
+     ["params.yaml: invalid YAML: nested too deeply"]),
+    ("params-lone-surrogate", lambda r: _raw_params(r, 'train:\n  lr: "\\ud800"\n'),
+     ["train.lr", "U+D800", "lone surrogate"]),
+    ("params-not-utf8", lambda r: _raw_params(r, b"train:\n  lr: \xff\n"), ["params.yaml: not valid UTF-8"]),
+    ("params-file-is-a-folder", lambda r: ["cluster", "--params", str(_case_dir(r, "params-folder"))],
+     ["is a folder, not a params file"]),
+    ("override-lone-surrogate", lambda r: _edit(r, lambda p: None, "cluster", "--set", 'train.lr="\\udc00"'),
+     ["override train.lr", "U+DC00"]),
+    ("lora-no-target-modules", lambda r: _raw_params(r, "lora:\n  target_modules: []\n"),
+     ["lora.target_modules", "at least 1 item"]),
+    ("lora-target-module-missing", lambda r: _edit(r, lambda p: (p["lora"].update(target_modules=["nope_proj"]),
+                                                                 p["features"].update(model="target")), "warmup"),
+     ["lora.target_modules", "matches no module", "q_proj"]),
+    ("no-methods", lambda r: _raw_params(r, "select:\n  methods: []\n"), ["select.methods", "at least 1 item"]),
+    ("grid-without-budgets", lambda r: _raw_params(r, "experiment:\n  budgets: []\n"),
+     ["experiment.budgets", "would run nothing"]),
+    ("grid-without-seeds", lambda r: _raw_params(r, "experiment:\n  seeds: []\n"), ["experiment.seeds"]),
+    ("eval-every-not-whole", lambda r: _raw_params(r, "evaluate:\n  every: 2.5\n"), ["evaluate.every", "whole"]),
+    ("eval-every-negative", lambda r: _raw_params(r, "evaluate:\n  every: -1\n"), ["evaluate.every", "[0, inf]"]),
+    ("eval-every-under-fsdp", lambda r: _raw_params(r, "evaluate:\n  every: 0.5\ntrain:\n  strategy: fsdp\n"),
+     ["evaluate.every", "ddp"]),
+    ("eval-every-without-scored-validation", lambda r: _no_scored_validation(r),
+     ["evaluate.every", "no record to score"]),
     ("plan-from-other-selection", lambda r: _plan_from_other_selection(r),
      ["plan was built from another version of", "selection.jsonl", "rerun `clusterft allocate`"]),
 ]
@@ -164,6 +207,13 @@ def _test_data(root, content):
     return _edit(root, lambda p: p["data"].update(test=str(path)), "evaluate", "--method", "full")
 
 
+def _no_scored_validation(root):
+    path = root / "open-ended-validation.jsonl"
+    path.write_text('{"instruction": "write", "output": "a poem", "exact_match": false}\n')
+    return _edit(root, lambda p: (p["data"].update(validation=str(path)), p["evaluate"].update(every=0.5)),
+                 "select", "--method", "full")
+
+
 def _no_weights(root):
     d = root / "noweights"
     d.mkdir(exist_ok=True)
@@ -202,7 +252,7 @@ def _file(root):
 
 def _raw_params(root, text):
     d = _case_dir(root, f"raw{abs(hash(text))}")
-    (d / "params.yaml").write_text(text)
+    (d / "params.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     return ["cluster", "--params", str(d / "params.yaml")]
 
 

@@ -46,6 +46,7 @@ def test_equal_time_interpolates_between_budgets_and_never_extrapolates():
 def test_tiny_experiment_end_to_end(tmp_path):
     p = tiny_params(tmp_path)
     p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0]}
+    p["evaluate"]["every"] = 0.5
     params = str(write_params(tmp_path, p))
     summary = run_experiment(params, progress=False)
     res = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())
@@ -67,6 +68,15 @@ def test_tiny_experiment_end_to_end(tmp_path):
     assert (tmp_path / "artifacts/experiments/report.png").stat().st_size > 1000
     md = (tmp_path / "artifacts/experiments/report.md").read_text()
     assert "| cluster | 0.5 | 1 |" in md
+    full_curve = runs["full-s0"]["curve"]  # the grid's curves: time to target, full data stopped early
+    assert len(full_curve) == 2 and full_curve[-1]["end_to_end_s"] <= runs["full-s0"]["end_to_end_s"]
+    assert "time to target" in md and "full data stopped at this time" in md and "(curves.png)" in md
+    target = full_curve[-1]["val_macro_em"] - 0.01
+    cluster = runs["cluster-b0.5-s0"]
+    reached = next((c["end_to_end_s"] for c in cluster["curve"] if c["val_macro_em"] >= target - 1e-9), None)
+    row = next(line for line in md.splitlines() if line.startswith("| cluster | 0.5 | 1 | ") and "stopped" not in line
+               and line.count("|") == 8)
+    assert (f"{reached:.1f} (" in row) if reached is not None else "not reached (0 of 1 seeds)" in row
     mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
     run_experiment(params, progress=False)  # finished runs are reused, not retrained
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime

@@ -22,6 +22,26 @@ def test_pipeline_training_ran_two_gloo_workers_and_saved_safetensors(tiny_run):
     assert full["loss"] < first["loss"]
 
 
+def test_validation_curve_is_sharded_timed_apart_and_ends_at_the_evaluated_model(tiny_run):
+    """evaluate.every 0.5: two points (half way, the end) scored over both workers; their
+    time is not training time; the last point is the saved model's own validation score."""
+    from mlflow import MlflowClient
+
+    cfg = tiny_run["cfg"]
+    for m in cfg.select.methods:
+        mdir = cfg.artifact("methods", m)
+        metrics = json.loads((mdir / "train_metrics.json").read_text())
+        ev = json.loads((mdir / "eval.json").read_text())
+        curve = metrics["curve"]
+        assert [p["step"] for p in curve] == [(metrics["steps"] + 1) // 2, metrics["steps"]]
+        assert 0 < curve[0]["train_s"] < curve[1]["train_s"] <= metrics["wall_clock_s"]
+        assert metrics["eval_during_train_s"] > 0
+        assert curve[-1]["val_macro_em"] == ev["validation"]["macro_exact_match"]
+        assert abs(curve[-1]["val_heldout_loss"] - ev["heldout_loss"]) < 1e-3 * ev["heldout_loss"]
+        history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(metrics["mlflow_run_id"], "val_macro_em")
+        assert [h.value for h in history] == [p["val_macro_em"] for p in curve]
+
+
 def test_bf16_accumulated_checkpointed_adafactor_training_end_to_end(tmp_path):
     """The scale-out options together through the real CLI and 2 gloo workers on the tiny model."""
     from tests.helpers.project import prepared

@@ -33,6 +33,10 @@ class AllocationPlan:
     epochs: int
     steps_per_epoch: int
 
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
     def rank_batches(self, rank: int):
         """Yield (epoch, step, indices) for one rank, in training order."""
         t = self.table[self.table[:, 2] == rank]

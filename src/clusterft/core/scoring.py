@@ -19,9 +19,15 @@ def normalise_answer(text: str) -> str:
 def exact_match(examples: list[Example], answers: list[str]) -> dict[str, Any]:
     """Per-skill exact match, its macro mean and worst skill (skill 'all' when unlabelled).
     `examples` are the scored ones (see Example.scored), aligned with `answers`."""
+    return summarise_hits([(ex.skill or "all", normalise_answer(ans) == normalise_answer(ex.response))
+                           for ex, ans in zip(examples, answers)])
+
+
+def summarise_hits(pairs: list[tuple[str, bool]]) -> dict[str, Any]:
+    """exact_match's figures from (skill, hit) pairs (gathered from several ranks)."""
     hits: dict[str, list[bool]] = defaultdict(list)
-    for ex, ans in zip(examples, answers):
-        hits[ex.skill or "all"].append(normalise_answer(ans) == normalise_answer(ex.response))
+    for skill, hit in pairs:
+        hits[skill].append(hit)
     if not hits:
         raise DataError("no record to score by exact match (every one has \"exact_match\": false)")
     per_skill = {k: float(np.mean(v)) for k, v in sorted(hits.items())}

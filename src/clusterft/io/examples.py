@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from clusterft.core.tokens import Example, Renderer
 from clusterft.errors import DataError
 from clusterft.io.artifacts import atomic_write_text
+from clusterft.spec.config import surrogate_problem, too_deep
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -76,11 +77,28 @@ def _from_record(rec: Any, where: str, render: Renderer) -> tuple[str | None, Ex
     return (str(rid) if rid is not None else None), example
 
 
+def _parse(text: str, where: str) -> Any:
+    """One JSONL line as a JSON value; DataError for bad JSON, nesting past Python's
+    recursion limit and lone surrogates, naming the line (and the field)."""
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON: {too_deep()}") from None
+    problem = surrogate_problem(rec)
+    if problem:
+        raise DataError(f"{where}: {problem}")
+    return rec
+
+
 def load_jsonl(path: str | Path, render: str | Renderer) -> list[Example]:
     """Load and validate a JSONL file; raise DataError naming file, line and field.
 
     `render` is a Renderer or a plain prompt template. A UTF-8 byte-order mark is skipped."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{p}: is a folder, not a data file (name the .jsonl file inside it)")
     if not p.exists():
         raise DataError(f"{p}: data file not found")
     render = Renderer(render) if isinstance(render, str) else render
@@ -98,11 +116,7 @@ def load_jsonl(path: str | Path, render: str | Renderer) -> list[Example]:
             raise DataError(f"{where}: not valid UTF-8 (byte {exc.start})") from exc
         if not text.strip():
             continue
-        try:
-            rec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
-        rid, ex = _from_record(rec, where, render)
+        rid, ex = _from_record(_parse(text, where), where, render)
         if rid is None:
             digest = hashlib.sha1(
                 json.dumps([ex.prompt, ex.response], ensure_ascii=False).encode()

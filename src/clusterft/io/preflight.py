@@ -6,11 +6,15 @@ template is there to render with. (The built-in data and model are made by their
 from __future__ import annotations
 
 import json
+import os
+import urllib.request
 from pathlib import Path
 
+from clusterft.core.tokens import Renderer
 from clusterft.errors import ConfigError
+from clusterft.io.examples import load_jsonl
 from clusterft.io.models import check_model_files
-from clusterft.spec.config import FEATURE_MODELS, PipelineConfig, load_config
+from clusterft.spec.config import FEATURE_MODELS, PipelineConfig, check_tracking_uri, load_config
 from clusterft.spec.stages import builtin_data_path, builtin_model_path
 
 
@@ -29,6 +33,8 @@ def preflight(cfg: PipelineConfig, label: str = "params") -> None:
     for s in ("train", "validation", "test"):
         if not cfg.builtin_split(s):
             path = Path(getattr(cfg.data, s))
+            if path.is_dir():
+                bad(f"data.{s}", f"{path}: is a folder, not a data file (name the .jsonl file inside it)")
             if not path.is_file():
                 bad(f"data.{s}", f"{path}: file not found" + _default_hint(cfg, path, builtin_data_path(cfg, s)))
     if not cfg.builtin_model:
@@ -42,6 +48,12 @@ def preflight(cfg: PipelineConfig, label: str = "params") -> None:
         _check_encoder(Path(cfg.features.model), bad)
     if cfg.data.chat_template and not cfg.model.gguf_file:  # GGUF templates are read at load
         _check_chat_template(Path(cfg.model.path), bad)
+    _check_tracking_store(cfg, bad)
+    if cfg.evaluate.every and not cfg.builtin_split("validation"):
+        validation = load_jsonl(cfg.data.validation, Renderer(cfg.data.prompt_template))
+        if not any(x.scored for x in validation):
+            bad("evaluate.every", f"curves score exact match on {cfg.data.validation}, which has no record to "
+                "score (every one has \"exact_match\": false); add scored records or set evaluate.every: 0")
 
 
 def _default_hint(cfg: PipelineConfig, path: Path, builtin: Path) -> str:
@@ -72,3 +84,27 @@ def _check_chat_template(folder: Path, bad) -> None:
     if not has:
         bad("data.chat_template", f"{folder}: the tokenizer has no chat template "
             "(no chat_template.jinja, none in tokenizer_config.json)")
+
+
+def _check_tracking_store(cfg: PipelineConfig, bad) -> None:
+    """The MLflow store the runs will log to: env MLFLOW_TRACKING_URI (it wins) must name a
+    store MLflow opens, and an http(s) server must answer before any stage spends time (a
+    store that fails later is only a warning: tracking never stops training)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    key = "MLFLOW_TRACKING_URI (environment)" if env else "tracking.tracking_uri"
+    uri = env or cfg.tracking.tracking_uri
+    try:
+        check_tracking_uri(uri)
+    except ValueError as exc:
+        bad(key, str(exc))
+    if uri.lower().startswith(("http://", "https://")):
+        health = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(health, timeout=TRACKING_TIMEOUT_S) as r:  # noqa: S310 (http(s) only)
+                r.read(64)
+        except (OSError, ValueError) as exc:
+            bad(key, f"{uri}: the MLflow server does not answer ({health}: {getattr(exc, 'reason', exc)}); "
+                "start it with: mlflow server --host 127.0.0.1 --port 5000; or point the key at sqlite:///mlflow.db")
+
+
+TRACKING_TIMEOUT_S = 5  # seconds an http(s) tracking server has to answer /health

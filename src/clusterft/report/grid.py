@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterft.core.curves import TARGET_MARGIN, saturated, saturation_step, time_to_target, value_at
 from clusterft.io.artifacts import atomic_write_text, read_json, write_json
 from clusterft.io.timings import shared_times
 from clusterft.report.plots import figure, save_figure
@@ -42,6 +43,9 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
         "heldout_loss_open_ended": ev.get("heldout_loss_open_ended", float("nan")),
         "val_macro_em": ev.get("validation", {}).get("macro_exact_match", float("nan")),
         "val_worst_skill_em": ev.get("validation", {}).get("worst_skill_exact_match", float("nan")),
+        "steps": tr.get("steps"), "eval_during_train_s": tr.get("eval_during_train_s", 0.0),
+        "curve": [{"step": p["step"], "end_to_end_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"] + p["train_s"],
+                   "val_macro_em": p["val_macro_em"]} for p in tr.get("curve", [])],
     }
 
 
@@ -135,6 +139,79 @@ def equal_time_markdown(aggs: list[dict[str, Any]]) -> str:
             "neighbouring points, '-' = outside the times it was measured at):\n\n" + "\n".join(lines) + "\n")
 
 
+def _mean_curve(runs: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
+    """(end-to-end s, validation macro EM, step) of the seeds' curves averaged point by point
+    (a method's seeds share their evaluation steps)."""
+    curves = [r["curve"] for r in runs if r.get("curve")]
+    n = min((len(c) for c in curves), default=0)
+    return [(float(np.mean([c[i]["end_to_end_s"] for c in curves])), float(np.mean([c[i]["val_macro_em"] for c in curves])),
+             curves[0][i]["step"]) for i in range(n)]
+
+
+def curves_markdown(rows: list[dict[str, Any]], aggs: list[dict[str, Any]]) -> str:
+    """With evaluate.every: each method's time to target (its validation curve first at full
+    data's final validation macro EM minus 1 point, selection stages included), full data
+    stopped at each method's end-to-end time (read off full data's own curve), whether full
+    data had saturated, and what the evaluation cost. Empty without curves."""
+    full_runs = [r for r in rows if r["method"] == "full" and r.get("curve")]
+    if not full_runs:
+        return ""
+    full = _mean_curve(full_runs)
+    target = full[-1][1] - TARGET_MARGIN
+    full_train = next((a["train_s"] for a in aggs if a["method"] == "full"), float("nan"))
+    total = full_runs[0]["steps"] or full[-1][2]
+    sat = saturated([(s, v) for _, v, s in full], total)
+    lines = ["| method | budget | seeds | end-to-end s | validation macro EM | full data stopped at this time "
+             "| time to target s (x full train) |", "|---|---|---|---|---|---|---|"]
+    for a in aggs:
+        runs = [r for r in rows if r["method"] == a["method"] and r["budget"] == a["budget"] and r.get("curve")]
+        if not runs:
+            continue
+        hits = [time_to_target([(p["end_to_end_s"], p["val_macro_em"]) for p in r["curve"]], target) for r in runs]
+        reached = [h for h in hits if h is not None]
+        ttt = (f"{np.mean(reached):.1f} ({np.mean(reached) / full_train:.2f})" if len(reached) == len(hits)
+               else f"not reached ({len(reached)} of {len(hits)} seeds)")
+        stopped = value_at([(t, v) for t, v, _ in full], a["end_to_end_s"])
+        b = "-" if a["budget"] is None else f"{a['budget']:g}"
+        lines.append(f"| {a['method']} | {b} | {a['seeds']} | {a['end_to_end_s']:.1f} | {a['val_macro_em']:.3f} "
+                     f"| {'-' if stopped is None else f'{stopped:.3f}'} | {ttt} |")
+    step = saturation_step([(s, v) for _, v, s in full])
+    verdict = (f"full data saturated: within {TARGET_MARGIN * 100:.0f} point of its final validation macro EM "
+               f"({full[-1][1]:.3f}) from step {step} of {total}" if sat else
+               "**full data had not saturated** (still improving after half its steps): a subset cannot "
+               "match it in a fraction of the steps" if sat is False else "full data's curve has one point")
+    cost = [r["eval_during_train_s"] / r["train_s"] for r in rows if r.get("curve") and r["train_s"]]
+    return (f"Validation curves (evaluate.every): time to target = end-to-end time (selection stages "
+            f"included) at which a run's validation macro EM first reaches full data's final value minus "
+            f"{TARGET_MARGIN * 100:.0f} point ({target:.3f}), seed mean; full data stopped at this time = full "
+            f"data's own validation curve read at the method's end-to-end time (the baseline of training "
+            f"less). {verdict}. Evaluation during training cost {np.mean(cost):.0%} of training time on "
+            f"average (not counted in it).\n\n" + "\n".join(lines) + "\n")
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Validation macro EM against end-to-end time, one line per run (full data bold); False
+    (nothing drawn) without curves."""
+    runs = [r for r in rows if r.get("curve")]
+    if not runs:
+        return False
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours: dict[str, Any] = {}
+    for r in runs:
+        xs, ys = [p["end_to_end_s"] for p in r["curve"]], [p["val_macro_em"] for p in r["curve"]]
+        first = r["method"] not in colours
+        line, = ax.plot(xs, ys, marker=".", lw=2.5 if r["method"] == "full" else 1,
+                        color=colours.get(r["method"]), label=r["method"] if first else None)
+        colours.setdefault(r["method"], line.get_color())
+    ax.set_xlabel("end-to-end seconds (selection stages + training, evaluation excluded)")
+    ax.set_ylabel("validation macro exact match")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+    plt.close(fig)
+    return True
+
+
 def plot(aggs: list[dict[str, Any]], path: Path) -> None:
     """End-to-end time vs macro and worst-skill EM (mean +- std over seeds); full = line."""
     plt = figure()
@@ -173,9 +250,13 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
              f"Zero-shot base model (no fine-tuning, {zs['split']} split): macro EM "
              f"{zs['macro_exact_match']:.3f}, worst skill {zs['worst_skill_exact_match']:.3f}, "
              f"held-out loss {zs['heldout_loss']:.4f}.\n\n")
+    curves = curves_markdown(rows, aggs)
+    if plot_curves(rows, out / "curves.png"):
+        curves += "\n![validation curves](curves.png)\n"
     atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n"
                       f"Exact match on the {cfg.evaluate.split} split.\n\n" + floor + table
-                      + "\n" + equal_time_markdown(aggs) + "\n![time vs accuracy](report.png)\n")
+                      + "\n" + equal_time_markdown(aggs) + "\n![time vs accuracy](report.png)\n"
+                      + ("\n" + curves if curves else ""))
     write_json(out / "results.json", {"runs": rows, "aggregate": aggs, "zero_shot": zs,
                                       "split": cfg.evaluate.split})
     summary: dict[str, Any] = {"aggregate": aggs}

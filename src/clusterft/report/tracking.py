@@ -94,7 +94,7 @@ class LiveTraining:
     timestamps, final metrics and the model at the end. A crashed run keeps what was sent."""
 
     KEYS = ("loss", "weighted_loss", "lr", "step_s", "compute_s", "sync_s", "tokens", "tokens_per_s",
-            "peak_mem_mb")
+            "peak_mem_mb", "val_macro_em", "val_worst_skill_em", "val_heldout_loss", "train_s", "eval_s")
 
     def __init__(self, cfg: Any, method: str, name: str, n_selected: int):
         self.client, self.run_id, self.buffer = None, None, []

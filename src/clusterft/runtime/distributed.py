@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,3 +62,12 @@ def sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t)
     return [int(v) for v in t.tolist()]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order; [obj] for a world of one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

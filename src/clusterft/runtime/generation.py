@@ -10,19 +10,24 @@ import torch
 from tqdm import tqdm
 
 from clusterft.core.losses import per_sample_loss
+from clusterft.core.scoring import normalise_answer, summarise_hits
 from clusterft.core.tokens import Example, collate, encode_all
+from clusterft.runtime import parallel
+from clusterft.runtime.distributed import gather_objects
+from clusterft.runtime.precision import autocast
 
 
 @torch.no_grad()
 def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size: int,
-                     max_new_tokens: int) -> list[str]:
+                     max_new_tokens: int, progress: bool = True) -> list[str]:
     """Greedy decoding with left padding; returns the decoded continuations (progress on stderr)."""
     model.eval()
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     answers: list[str] = []
     try:
-        for i in tqdm(range(0, len(prompts), batch_size), desc="evaluate (generate)", unit="batch"):
+        for i in tqdm(range(0, len(prompts), batch_size), desc="evaluate (generate)", unit="batch",
+                      disable=not progress):
             enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
             enc = {k: v.to(model.device) for k, v in enc.items()}
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
@@ -36,9 +41,9 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size:
 
 
 @torch.no_grad()
-def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
-                 batch_size: int) -> dict[str, float]:
-    """Mean response-token loss over samples, overall and per skill/source."""
+def sample_losses(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
+                  batch_size: int) -> list[float]:
+    """Each sample's mean response-token loss."""
     model.eval()
     enc = encode_all(examples, tokenizer, max_length)
     losses: list[float] = []
@@ -46,6 +51,13 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
         b = {k: v.to(model.device) for k, v in collate(enc[i : i + batch_size], tokenizer.pad_token_id).items()}
         out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
         losses += per_sample_loss(out.logits, b["labels"]).tolist()
+    return losses
+
+
+def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
+                 batch_size: int) -> dict[str, float]:
+    """Mean response-token loss over samples, overall and per skill/source."""
+    losses = sample_losses(model, tokenizer, examples, max_length, batch_size)
     by: dict[str, list[float]] = defaultdict(list)
     for ex, l in zip(examples, losses):
         by[ex.skill or "all"].append(l)
@@ -53,3 +65,25 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
     return {"heldout_loss": float(np.mean(losses)),
             "heldout_loss_open_ended": float(np.mean(open_ended)) if open_ended else float("nan"),
             "heldout_loss_by_skill": {k: float(np.mean(v)) for k, v in sorted(by.items())}}
+
+
+def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: Any, info: Any) -> dict[str, float]:
+    """Validation macro / worst-skill exact match and held-out loss of a model as it trains
+    (a point of its curve, evaluate.every): each rank scores the rows rank::world and the
+    results are gathered, so the point costs 1/world of a whole evaluation. Every rank
+    returns the same figures; the model is back in training mode afterwards."""
+    inner, e = parallel.unwrap(model), cfg.evaluate
+    share = examples[info.rank::info.world_size]
+    scored = [x for x in share if x.scored]
+    with autocast(cfg.train.precision, info.device):
+        answers = generate_answers(inner, tokenizer, [x.prompt for x in scored], e.batch_size, e.max_new_tokens,
+                                   progress=False)
+        losses = sample_losses(inner, tokenizer, share, cfg.data.max_length, e.batch_size)
+    model.train()
+    mine = ([(x.skill or "all", normalise_answer(a) == normalise_answer(x.response)) for x, a in zip(scored, answers)],
+            losses)
+    parts = gather_objects(mine)
+    em = summarise_hits([h for hits, _ in parts for h in hits])
+    all_losses = [v for _, ls in parts for v in ls]
+    return {"val_macro_em": em["macro_exact_match"], "val_worst_skill_em": em["worst_skill_exact_match"],
+            "val_heldout_loss": float(np.mean(all_losses))}

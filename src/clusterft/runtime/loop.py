@@ -77,7 +77,7 @@ class PlanSource:
 
     def __init__(self, plan: AllocationPlan, rank: int):
         self.plan, self.rank = plan, rank
-        self.total_steps = plan.epochs * plan.steps_per_epoch
+        self.total_steps = plan.total_steps
         self._sizes = plan.step_sizes()
 
     def batches(self, start_epoch: int = 0, resumed: bool = False):

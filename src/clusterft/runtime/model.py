@@ -146,7 +146,12 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
         target_modules=list(cfg.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, pcfg)
+    try:
+        return get_peft_model(model, pcfg)
+    except ValueError as exc:  # peft: none of the target modules is in the model
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ModelError(f"lora.target_modules: {list(cfg.target_modules)} matches no module of the model "
+                         f"({str(exc).splitlines()[0][:160]}); its linear layers: {', '.join(linear)}") from None
 
 
 def load_with_adapter(base_dir: str | Path, adapter_dir: str | Path, mcfg: ModelConfig) -> torch.nn.Module:

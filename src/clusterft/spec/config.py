@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,15 +20,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clusterft.errors import ConfigError
-from clusterft.spec.methods import METHODS
+from clusterft.spec.methods import METHODS, time_budgeted
 from clusterft.spec.stages import builtin_data_path, builtin_model_path
 
 
-def _f(default: Any, help: str, **bounds: Any) -> Any:
-    """A field with its default, help text (`clusterft params`) and bounds (ge, gt, le, lt)."""
+def _f(default: Any, help: str, why: str = "", **bounds: Any) -> Any:
+    """A field with its default, help text (`clusterft params`), bounds (ge, gt, le, lt) and
+    `why`: the reason a bound exists, said when a value breaks it."""
+    extra = {"why": why} if why else None
     if isinstance(default, (list, dict)):
-        return Field(default_factory=lambda d=default: type(d)(d), description=help, **bounds)
-    return Field(default, description=help, **bounds)
+        return Field(default_factory=lambda d=default: type(d)(d), description=help, json_schema_extra=extra,
+                     **bounds)
+    return Field(default, description=help, json_schema_extra=extra, **bounds)
 
 
 class Section(BaseModel):
@@ -45,7 +49,9 @@ class DataConfig(Section):
                     "the built-in benchmark make-benchmark writes under paths.artifacts")
     validation: str = _f("artifacts/benchmark/validation.jsonl", "held-out JSONL (choosing settings, loss)")
     test: str = _f("artifacts/benchmark/test.jsonl", "test JSONL for exact-match evaluation")
-    max_length: int = _f(96, "tokens per sample after templating; longer samples are truncated", ge=1)
+    max_length: int = _f(96, "tokens per sample after templating; longer samples are truncated (their "
+                         "prompt from the left, keeping the answer's first tokens)", ge=2,
+                         why="a sample needs a prompt token and an answer token, or it trains on nothing")
     prompt_template: str = _f("Instruction: {instruction}\n{input_block}Response:",
                               "prompt template; {input_block} is 'Input: <input>\\n' or empty")
     chat_template: bool = _f(False, "render prompts with the model tokenizer's own chat template "
@@ -84,7 +90,7 @@ class LoraConfig(Section):
     r: int = _f(8, "LoRA rank", ge=1)
     alpha: int = _f(16, "LoRA scaling numerator", gt=0)
     dropout: float = _f(0.0, "LoRA dropout", ge=0, lt=1)
-    target_modules: list[str] = _f(["q_proj", "v_proj"], "module names to adapt")
+    target_modules: list[str] = _f(["q_proj", "v_proj"], "module names to adapt", min_length=1)
 
 
 class WarmupConfig(Section):
@@ -169,7 +175,7 @@ def _known_methods(cls: type, methods: list[str]) -> list[str]:
 
 
 class SelectConfig(Section):
-    methods: list[str] = _f(["full", "cluster"], "methods the pipeline runs and compares")
+    methods: list[str] = _f(["full", "cluster"], "methods the pipeline runs and compares", min_length=1)
     budget: float = _f(0.5, "kept fraction of train (0 < budget <= 1) or a count (> 1)")
     split: Literal["waterfill", "proportional", "power"] = _f(
         "waterfill", "budget split over clusters: waterfill, proportional, power")
@@ -248,13 +254,24 @@ class EvaluateConfig(Section):
                                               "validation (choose settings on it)")
     also_validation: bool = _f(True, "with split test, also score validation (its figures "
                                "choose settings; test is only reported)")
+    every: float = _f(0.0, "evaluate during training (0 = off): after every this many steps (> 1, whole) "
+                      "or this fraction of the run (<= 1) and at its end, validation exact match and held-out "
+                      "loss, sharded over the workers, timed apart from training: accuracy-vs-time curves, "
+                      "time to target", ge=0)
+
+    @field_validator("every")
+    @classmethod
+    def _steps_or_fraction(cls, every: float) -> float:
+        if every > 1 and every != int(every):
+            raise ValueError(f"above 1 it is a step count and must be whole, got {every}")
+        return every
 
 
 class ExperimentConfig(Section):
     methods: list[str] = _f(["full", "random", "cluster", "cluster_dynamic", "cluster_paper", "infobatch"],
-                            "methods compared")
+                            "methods compared", min_length=1)
     budgets: list[float] = _f([0.2, 0.3, 0.5], "data budgets (cluster_paper: its ratio r)")
-    seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)")
+    seeds: list[int] = _f([0, 1, 2], "selection + training seeds per (method, budget)", min_length=1)
     time_budgets: list[float] = _f([], "time budgets (select.time_budget) each of random, cluster and "
                                    "cluster_dynamic also runs with (e.g. [0.3]; a budget no run can meet "
                                    "is refused before any run trains)")
@@ -278,12 +295,45 @@ class ExperimentConfig(Section):
                 raise ValueError(f"each time budget must be > 0 (a fraction <= 1 or seconds), got {tb}")
         return budgets
 
+    @model_validator(mode="after")
+    def _every_method_runs(self) -> "ExperimentConfig":
+        idle = [m for m in self.methods if METHODS[m].budget is not None and not self.budgets
+                and not any(time_budgeted(m, tb) for tb in self.time_budgets)]
+        if idle:
+            raise ValueError(f"budgets: empty, so {', '.join(idle)} would run nothing; give budgets "
+                             "(or time_budgets) or drop them from experiment.methods")
+        return self
+
 
 class TrackingConfig(Section):
     experiment: str = _f("clusterft", "MLflow experiment name")
-    tracking_uri: str = _f("sqlite:///mlflow.db", "MLflow store; env MLFLOW_TRACKING_URI wins")
+    tracking_uri: str = _f("sqlite:///mlflow.db", "MLflow store: sqlite:///file.db, a folder, http(s)://server "
+                           "(reached before the first stage), postgresql/mysql/mssql://..., databricks; "
+                           "env MLFLOW_TRACKING_URI wins")
     live: bool = _f(True, "rank 0 logs each training run to MLflow as it trains (params, dataset, "
                     "per-step curve, model); a crashed run keeps its curve")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_store(cls, uri: str) -> str:
+        check_tracking_uri(uri)
+        return uri
+
+
+# the stores MLflow's tracking client opens (a scheme may carry a driver: postgresql+psycopg2)
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks",
+                    "databricks-uc")
+
+
+def check_tracking_uri(uri: str) -> str:
+    """ValueError unless `uri` is a store MLflow opens: a scheme it knows or a plain path."""
+    if not uri.strip():
+        raise ValueError("empty; give sqlite:///mlflow.db, a folder or an http(s) server")
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if m and len(m.group(1)) > 1 and m.group(1).split("+")[0].lower() not in TRACKING_SCHEMES:
+        raise ValueError(f"{uri!r}: unknown store scheme {m.group(1)!r}; MLflow opens "
+                         f"{', '.join(TRACKING_SCHEMES)} or a plain folder path")
+    return uri
 
 
 class PipelineConfig(Section):
@@ -300,6 +350,13 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _curves_need_replicas(self) -> "PipelineConfig":
+        if self.evaluate.every and self.train.strategy == "fsdp":
+            raise ValueError("evaluate.every: evaluation during training needs train.strategy ddp (FSDP "
+                             "shards the weights greedy generation reads); set evaluate.every: 0")
+        return self
 
     @model_validator(mode="after")
     def _chat_template_needs_a_real_model(self) -> "PipelineConfig":
@@ -363,6 +420,7 @@ _WORDS = {
     "bool_type": "expected true/false, got {input!r}", "string_type": "expected a string, got {input!r}",
     "list_type": "expected a list, got {kind} {input!r}", "model_type": "expected a mapping, got {kind}",
     "literal_error": "must be one of {expected}, got {input!r}",
+    "too_short": "must hold at least {min_length} item, got none",
 }
 
 
@@ -413,29 +471,82 @@ def _key_and_message(err: dict[str, Any]) -> tuple[str, str]:
             return msg.split(": ", 1)[0], msg.split(": ", 1)[1]
         return key, msg
     if err["type"] in BOUNDS and field is not None:
-        return key, f"must be in {_interval(field)}, got {err.get('input')}"
+        why = (field.json_schema_extra or {}).get("why")
+        return key, f"must be in {_interval(field)}, got {err.get('input')}" + (f" ({why})" if why else "")
     words = _WORDS.get(err["type"], err["msg"])
     ctx = {k: v for k, v in (err.get("ctx") or {}).items()}
     return key, words.format(input=err.get("input"), kind=type(err.get("input")).__name__, **ctx)
+
+
+def lone_surrogate(rec: Any) -> tuple[str, str] | None:
+    """(field path, code point) of the first string in a parsed record holding a lone UTF-16
+    surrogate (a JSON escape such as \\ud800 without its pair: not a character, so no text
+    encoding can hold it), else None. Iterative: a deeply nested record cannot overflow it."""
+    todo: list[tuple[str, Any]] = [("", rec)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, dict):
+            todo += [(f"{path}.{k}" if path else str(k), x) for k, x in v.items()]
+            todo += [(f"{path}.<key>" if path else "<key>", k) for k in v]
+        elif isinstance(v, list):
+            todo += [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+        elif isinstance(v, str):
+            bad = next((c for c in v if 0xD800 <= ord(c) <= 0xDFFF), None)
+            if bad is not None:
+                return path, f"U+{ord(bad):04X}"
+    return None
+
+
+def _yaml(text: str, where: str) -> Any:
+    """YAML text as a value; ConfigError naming `where` for bad YAML, nesting past Python's
+    recursion limit and strings holding a lone surrogate (not a character)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: invalid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: {too_deep()}") from None
+    problem = surrogate_problem(value)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return value
+
+
+def too_deep() -> str:
+    """Why a text nested past Python's recursion limit is refused."""
+    return f"nested too deeply (more than about {sys.getrecursionlimit()} levels of lists or mappings)"
+
+
+def surrogate_problem(value: Any) -> str | None:
+    """What is wrong with a parsed value holding a lone surrogate (naming its field), else None."""
+    found = lone_surrogate(value)
+    if not found:
+        return None
+    field = f"field '{found[0]}' " if found[0] else ""
+    return (f"{field}holds {found[1]}, a lone surrogate: not a character (a \\ud800-\\udfff escape must "
+            "come in a high-low pair)")
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected key.path=value")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+    return key.strip().split("."), _yaml(raw, f"override {key.strip()}") if raw != "" else ""
 
 
 def _read(path: str | Path | None) -> tuple[dict[str, Any], str]:
     if path is None:
         return {}, "defaults"
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a folder, not a params file (name the params.yaml inside it)")
     if not p.exists():
         raise ConfigError(f"{p}: params file not found")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: invalid YAML: {exc}") from exc
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not valid UTF-8 (byte {exc.start})") from None
+    raw = _yaml(text, str(p)) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections")
     return raw, str(p)

@@ -6,6 +6,7 @@ The loop is runtime.loop; checkpoints are runtime.checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from clusterft.core.allocation import AllocationPlan
+from clusterft.core.curves import eval_steps
 from clusterft.core.infobatch import InfoBatchSource
 from clusterft.core.tokens import encode_all, truncation_report
 from clusterft.errors import AllocationError
@@ -22,9 +24,12 @@ from clusterft.io.records import dynamic_source, load_plan, read_selection
 from clusterft.report.tracking import LiveTraining
 from clusterft.runtime import distributed, parallel
 from clusterft.runtime.data import load_examples
+from clusterft.runtime.generation import validation_point
 from clusterft.runtime.loop import gather_rank_timings, train_on_plan, wait_summary
 from clusterft.runtime.model import build_model, plain_model, save_trained
 from clusterft.spec.methods import METHODS
+
+log = logging.getLogger(__name__)
 
 
 def check_plan(mdir: Path, world_size: int) -> AllocationPlan:
@@ -81,10 +86,11 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     loop_start = time.perf_counter()
     source = batch_source(cfg, method, mdir, plan, sel, np.array([e.n_tokens for e in encoded]), info)
     live = LiveTraining(cfg, method, run or method, len(encoded)) if info.is_main and cfg.tracking.live else None
+    curve = CurveHook(cfg, model, tokenizer, info, source.total_steps, start, live)
     history = train_on_plan(model, encoded, np.asarray(sel["weight"]), source, cfg.train, info,
-                            tokenizer.pad_token_id, checkpoint_dir=mdir / "checkpoint",
-                            on_step=live.on_step if live else None)
-    loop_s = time.perf_counter() - loop_start
+                            tokenizer.pad_token_id, checkpoint_dir=mdir / "checkpoint", on_step=curve.on_step)
+    curve.finish(history)
+    loop_s = time.perf_counter() - loop_start - curve.eval_s
     per_rank = gather_rank_timings(history, info.world_size)
     trained = plain_model(cfg, model, info)
     metrics: dict[str, Any] = {}
@@ -94,8 +100,8 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         save_trained(trained, tokenizer, mdir / "model")
         metrics = {"method": method, "world_size": info.world_size, "backend": info.backend or "none",
                    "strategy": cfg.train.strategy if info.world_size > 1 else "single", "train_loop_s": loop_s,
-                   "truncation": truncation, **run_summary(history, source, plan),
-                   "wall_clock_s": time.perf_counter() - start}
+                   "truncation": truncation, **run_summary(history, source, plan), **curve_summary(history),
+                   "wall_clock_s": time.perf_counter() - start - curve.eval_s}
         if live is not None:
             metrics["mlflow_run_id"] = live.finish(metrics, mdir / "model")
         atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))
@@ -104,6 +110,52 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     distributed.barrier()
     distributed.cleanup()
     return metrics
+
+
+class CurveHook:
+    """The step hook of a training run: with evaluate.every, a validation point (exact match,
+    held-out loss) after the steps eval_steps names, written into that step's record (so a
+    resumed run keeps its curve) with the training seconds so far, evaluation excluded;
+    then live tracking. `eval_s` is the evaluation time this process spent."""
+
+    def __init__(self, cfg: Any, model: Any, tokenizer: Any, info: Any, total_steps: int, start: float,
+                 live: LiveTraining | None):
+        self.cfg, self.model, self.tokenizer, self.info, self.start, self.live = cfg, model, tokenizer, info, start, live
+        self.points = set(eval_steps(total_steps, cfg.evaluate.every))
+        self.validation = load_examples(cfg, "validation") if self.points else []
+        self.eval_s = 0.0
+
+    def on_step(self, g: int, rec: dict) -> None:
+        if g in self.points:
+            self._point(g, rec)
+        if self.live is not None:
+            self.live.on_step(g, rec)
+
+    def finish(self, history: list[dict]) -> None:
+        """A last point at the run's real end when the schedule's step count was an estimate
+        (InfoBatch prunes a number of samples known only while it trains)."""
+        if self.points and history and "val_macro_em" not in history[-1]:
+            self._point(len(history), history[-1])
+
+    def _point(self, g: int, rec: dict) -> None:
+        t0 = time.perf_counter()
+        rec.update(validation_point(self.model, self.tokenizer, self.validation, self.cfg, self.info))
+        rec["train_s"] = t0 - self.start - self.eval_s
+        rec["eval_s"] = time.perf_counter() - t0
+        self.eval_s += rec["eval_s"]
+        if self.info.is_main:
+            log.info("step %d: validation macro EM %.3f, held-out loss %.4f (%.1f s to evaluate)", g,
+                     rec["val_macro_em"], rec["val_heldout_loss"], rec["eval_s"])
+
+
+def curve_summary(history: list[dict]) -> dict[str, Any]:
+    """The run's validation curve (its points from the step records) and what it cost."""
+    points = [{k: h[k] for k in ("step", "train_s", "val_macro_em", "val_worst_skill_em", "val_heldout_loss")}
+              for h in history if "val_macro_em" in h]
+    if not points:
+        return {}
+    return {"curve": [{**p, "step": p["step"] + 1} for p in points],
+            "eval_during_train_s": float(sum(h["eval_s"] for h in history if "eval_s" in h))}
 
 
 def run_summary(history: list[dict], source: Any, plan: AllocationPlan) -> dict[str, Any]:
