@@ -32,7 +32,7 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: 
     t = TrainConfig(lr=0.5, warmup_ratio=0.0, grad_accum=int(grad_accum))
     history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), t, info,
                             optimizer=opt)
-    timings = gather_rank_timings(history, info.world_size)
+    timings = gather_rank_timings(history)
     weights = parallel.full_state_dict(model)
     if info.is_main:
         with open(out + ".timings.json", "w") as f:

@@ -19,8 +19,13 @@ def normalise_answer(text: str) -> str:
 def exact_match(examples: list[Example], answers: list[str]) -> dict[str, Any]:
     """Per-skill exact match, its macro mean and worst skill (skill 'all' when unlabelled).
     `examples` are the scored ones (see Example.scored), aligned with `answers`."""
-    return summarise_hits([(ex.skill or "all", normalise_answer(ans) == normalise_answer(ex.response))
-                           for ex, ans in zip(examples, answers)])
+    return summarise_hits(hit_pairs(examples, answers))
+
+
+def hit_pairs(examples: list[Example], answers: list[str]) -> list[tuple[str, bool]]:
+    """(skill, exact hit) of each scored example and its answer (skill 'all' when unlabelled)."""
+    return [(ex.skill or "all", normalise_answer(ans) == normalise_answer(ex.response))
+            for ex, ans in zip(examples, answers)]
 
 
 def summarise_hits(pairs: list[tuple[str, bool]]) -> dict[str, Any]:

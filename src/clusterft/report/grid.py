@@ -27,6 +27,7 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
     pre = sum(shared[s] for s in paid_stages(spec.method, cfg.select.time_budget))
     trained = sum(tr.get("samples_trained_per_epoch") or [0])
     planned = sel.get("time_plan", {}).get("planned_end_to_end_s", float("nan"))
+    selection_s = pre + sel["wall_clock_s"] + alloc["wall_clock_s"]
     return {
         "run": spec.name, "method": spec.label, "base_method": spec.method, "budget": spec.budget,
         "seed": spec.seed,
@@ -35,17 +36,17 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
         "kept_distinct": sel.get("kept_distinct", float("nan")),
         "plan_drift": alloc.get("prefix_discrepancy_max", float("nan")),
         "trained_fraction": trained / (sel["n_train"] * cfg.train.epochs),
-        "selection_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"],
+        "selection_s": selection_s,
         "train_s": tr["wall_clock_s"],
-        "end_to_end_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"] + tr["wall_clock_s"],
+        "end_to_end_s": selection_s + tr["wall_clock_s"],
         "macro_em": ev["macro_exact_match"], "worst_skill_em": ev["worst_skill_exact_match"],
         "worst_skill": ev["worst_skill"], "heldout_loss": ev["heldout_loss"],
         "heldout_loss_open_ended": ev.get("heldout_loss_open_ended", float("nan")),
         "val_macro_em": ev.get("validation", {}).get("macro_exact_match", float("nan")),
         "val_worst_skill_em": ev.get("validation", {}).get("worst_skill_exact_match", float("nan")),
         "steps": tr.get("steps"), "eval_during_train_s": tr.get("eval_during_train_s", 0.0),
-        "curve": [{"step": p["step"], "end_to_end_s": pre + sel["wall_clock_s"] + alloc["wall_clock_s"] + p["train_s"],
-                   "val_macro_em": p["val_macro_em"]} for p in tr.get("curve", [])],
+        "curve": [{"step": p["step"], "end_to_end_s": selection_s + p["train_s"], "val_macro_em": p["val_macro_em"]}
+                  for p in tr.get("curve", [])],
     }
 
 

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from clusterft.core.losses import per_sample_loss
-from clusterft.core.scoring import normalise_answer, summarise_hits
+from clusterft.core.scoring import hit_pairs, summarise_hits
 from clusterft.core.tokens import Example, collate, encode_all
 from clusterft.runtime import parallel
 from clusterft.runtime.distributed import gather_objects
@@ -80,9 +80,7 @@ def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: A
                                    progress=False)
         losses = sample_losses(inner, tokenizer, share, cfg.data.max_length, e.batch_size)
     model.train()
-    mine = ([(x.skill or "all", normalise_answer(a) == normalise_answer(x.response)) for x, a in zip(scored, answers)],
-            losses)
-    parts = gather_objects(mine)
+    parts = gather_objects((hit_pairs(scored, answers), losses))
     em = summarise_hits([h for hits, _ in parts for h in hits])
     all_losses = [v for _, ls in parts for v in ls]
     return {"val_macro_em": em["macro_exact_match"], "val_worst_skill_em": em["worst_skill_exact_match"],

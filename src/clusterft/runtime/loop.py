@@ -25,7 +25,7 @@ from clusterft.core.losses import weighted_loss
 from clusterft.core.tokens import Encoded, collate
 from clusterft.runtime import parallel
 from clusterft.runtime.checkpoint import load_checkpoint, run_digest, save_checkpoint
-from clusterft.runtime.distributed import DistInfo
+from clusterft.runtime.distributed import DistInfo, gather_objects
 from clusterft.runtime.precision import autocast, peak_memory_mb
 from clusterft.spec.config import TrainConfig
 
@@ -261,13 +261,9 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
     return history
 
 
-def gather_rank_timings(history: list[dict], world_size: int) -> list[dict]:
+def gather_rank_timings(history: list[dict]) -> list[dict]:
     """Per step, every rank's compute/sync seconds and tokens (lists indexed by rank)."""
-    mine = [(h["compute_s"], h["sync_s"], h["tokens"]) for h in history]
-    ranks = [mine]
-    if world_size > 1:
-        ranks = [None] * world_size
-        dist.all_gather_object(ranks, mine)
+    ranks = gather_objects([(h["compute_s"], h["sync_s"], h["tokens"]) for h in history])
     return [
         {"rank_compute_s": [r[i][0] for r in ranks], "rank_sync_s": [r[i][1] for r in ranks],
          "rank_tokens": [r[i][2] for r in ranks]}

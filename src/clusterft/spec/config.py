@@ -478,7 +478,7 @@ def _key_and_message(err: dict[str, Any]) -> tuple[str, str]:
     return key, words.format(input=err.get("input"), kind=type(err.get("input")).__name__, **ctx)
 
 
-def lone_surrogate(rec: Any) -> tuple[str, str] | None:
+def _lone_surrogate(rec: Any) -> tuple[str, str] | None:
     """(field path, code point) of the first string in a parsed record holding a lone UTF-16
     surrogate (a JSON escape such as \\ud800 without its pair: not a character, so no text
     encoding can hold it), else None. Iterative: a deeply nested record cannot overflow it."""
@@ -519,7 +519,7 @@ def too_deep() -> str:
 
 def surrogate_problem(value: Any) -> str | None:
     """What is wrong with a parsed value holding a lone surrogate (naming its field), else None."""
-    found = lone_surrogate(value)
+    found = _lone_surrogate(value)
     if not found:
         return None
     field = f"field '{found[0]}' " if found[0] else ""

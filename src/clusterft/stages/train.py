@@ -91,7 +91,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
                             tokenizer.pad_token_id, checkpoint_dir=mdir / "checkpoint", on_step=curve.on_step)
     curve.finish(history)
     loop_s = time.perf_counter() - loop_start - curve.eval_s
-    per_rank = gather_rank_timings(history, info.world_size)
+    per_rank = gather_rank_timings(history)
     trained = plain_model(cfg, model, info)
     metrics: dict[str, Any] = {}
     if info.is_main:
