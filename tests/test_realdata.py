@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from clusterft.realdata import SKILLS, chat_splits, skill_records, write_splits
+from clusterft.realdata import KNOWN_SKILLS, MIXTURES, SKILLS, chat_splits, data_properties, skill_records, write_splits
 from tests.conftest import REPO
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -22,6 +22,40 @@ def test_skill_mixture_is_imbalanced_redundant_and_balanced_on_test():
     assert len(set(head)) <= 40 < len(head)  # exact copies of a small pool
     assert set(Counter(r["skill"] for r in s["test"]).values()) == {10}
     assert skill_records(2000, 10, seed=0) == s  # seeded
+
+
+def test_redundant_mixture_has_the_properties_it_was_fixed_with():
+    skills, sizes = MIXTURES["redundant"]
+    s = skill_records(sizes["n_train"], 5, seed=0, n_val_per_skill=5, skills=skills)
+    chat = [{"instruction": f"q{i}", "output": "a", "skill": f"chat:{i % 4}", "exact_match": False} for i in range(300)]
+    props = data_properties(s["train"] + chat)
+    assert props["n_train"] >= 3000 and props["n_skills"] == len(KNOWN_SKILLS) >= 10
+    assert props["head_tail_ratio"] >= 30 and props["phrasings_per_skill"] >= 3
+    assert props["head_exact_copy_fraction"] > 0.5 and props["open_ended_sources"] == 4
+    assert set(Counter(r["skill"] for r in s["validation"]).values()) == {5}
+
+
+def test_mixture_caps_open_ended_validation_per_source(monkeypatch):
+    import clusterft.realdata as realdata
+
+    pairs = [{"instruction": f"q{i}", "output": "a", "skill": f"src{i % 3}"} for i in range(300)]
+    monkeypatch.setattr(realdata, "chatterbot_records", lambda: pairs)  # the corpus is a PyPI package, not in CI
+    skills, sizes = MIXTURES["redundant"]
+    out = realdata.mixture(**{**sizes, "n_train": 400}, skills=skills)
+    chat_val = Counter(r["skill"] for r in out["validation"] if r.get("exact_match") is False)
+    assert chat_val == {"chat:src0": 3, "chat:src1": 3, "chat:src2": 3}
+    assert len(out["validation"]) == 9 + sizes["n_val_per_skill"] * len(skills)
+    uncapped = realdata.mixture(400, 5, 10, n_val_per_skill=5)  # the step-limited profile keeps all
+    assert sum(r.get("exact_match") is False for r in uncapped["validation"]) == 30  # 10% of each source
+
+
+def test_data_properties_count_copies_and_phrasings():
+    rows = [{"instruction": p, "input": "x", "output": "y", "skill": "a"} for p in ("p", "p", "p", "q")]
+    rows += [{"instruction": "p", "input": str(i), "output": "y", "skill": "b"} for i in range(2)]
+    props = data_properties(rows)
+    assert props["skills"] == {"a": 4, "b": 2} and props["head_tail_ratio"] == 2
+    assert props["head_exact_copy_fraction"] == 0.5 and props["phrasings_per_skill"] == 1
+    assert props["exact_copy_fraction"] == pytest.approx(2 / 6)
 
 
 def test_chat_sources_are_loss_only_and_in_every_split():

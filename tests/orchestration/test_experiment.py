@@ -77,6 +77,12 @@ def test_tiny_experiment_end_to_end(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| cluster | 0.5 | 1 | ") and "stopped" not in line
                and line.count("|") == 8)
     assert (f"{reached:.1f} (" in row) if reached is not None else "not reached (0 of 1 seeds)" in row
+    from clusterft.realdata import run_properties  # what a real profile's script prints of its grid
+
+    props = run_properties(params)
+    assert props["full_curve"][-1]["val_macro_em"] == pytest.approx(full_curve[-1]["val_macro_em"], abs=1e-4)
+    assert props["full_saturated"] is not None and props["full_saturation_step"] <= props["full_steps"]
+    assert set(props["full_val_em_per_skill"]) and props["zero_shot_macro_em"] >= 0
     mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
     run_experiment(params, progress=False)  # finished runs are reused, not retrained
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime
