@@ -24,11 +24,10 @@ import torch
 from clusterft.core.features import Extractor, build_extractor
 from clusterft.core.lora_grads import (
     PerSampleLoraGrads,
-    ResponseLoss,
     loop_per_sample_grads,
     lora_parameters,
 )
-from clusterft.core.losses import per_sample_loss
+from clusterft.core.losses import ResponseLoss, per_sample_loss
 from clusterft.core.tokens import Encoded, encode_all
 from clusterft.io.moments import MOMENTS_FILE, load_adam_moments
 from clusterft.runtime.data import load_examples

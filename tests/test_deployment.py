@@ -3,22 +3,19 @@ the pipeline flow, one triggered run of the tiny config to COMPLETED, every proc
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import psutil
-import pytest
 
 from tests.conftest import REPO, tiny_params
 from tests.helpers.dvc_project import dvc, make_project, ran
 from tests.helpers.dvc_project import env as dvc_env
+from tests.helpers.prefect_server import SERVER_START_S, free_port, stop, tail, wait
 
 DEPLOY = REPO / "flows" / "deploy.py"
-SERVER_START_S = 150  # a fresh server runs its migrations first: ~25-40 s here
 REGISTER_S = 120
 RUN_S = 240
 
@@ -29,34 +26,6 @@ def test_deploy_rejects_a_bad_params_file_before_serving(tmp_path):
     res = subprocess.run([sys.executable, str(DEPLOY), "--project", str(tmp_path)], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path, env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")})
     assert res.returncode == 2 and "methodz" in res.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(what: str, timeout: float, probe, procs: dict, logs: dict):
-    """Poll `probe()` until it returns a truthy value; fail early if a process died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                pytest.fail(f"{name} exited ({p.returncode}) while waiting for {what}:\n{_tail(logs[name])}")
-        try:
-            value = probe()
-        except Exception:  # not up yet
-            value = None
-        if value:
-            return value
-        time.sleep(1.0)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}:\n"
-                + "\n".join(f"--- {n}\n{_tail(p)}" for n, p in logs.items()))
-
-
-def _tail(path, n=4000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
 
 def _listening(pid: int) -> list:
@@ -93,32 +62,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen) -> list[int]:
-    """SIGTERM the process (and what it started), then SIGKILL whatever is left; return pids."""
-    try:
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = [proc.pid]
-    for pid in family:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in family:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
-    return family
-
-
 def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, monkeypatch):
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
@@ -135,7 +80,7 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
             procs["server"] = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                 env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        _wait("the server's /health", SERVER_START_S,
+        wait("the server's /health", SERVER_START_S,
               lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, procs, logs)
         bound = _listening(procs["server"].pid)
         assert bound and all(a.ip == "127.0.0.1" for a in bound), bound
@@ -152,21 +97,21 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            dep = _wait("the deployment", REGISTER_S,
+            dep = wait("the deployment", REGISTER_S,
                         lambda: client.read_deployment_by_name("clusterft-pipeline/ci"), procs, logs)
             assert [s.schedule.cron for s in dep.schedules] == ["0 0 1 1 *"]
             assert dep.parameters == {"project": str(root)}
             run = client.create_flow_run_from_deployment(dep.id)
-            final = _wait("the flow run to finish", RUN_S,
+            final = wait("the flow run to finish", RUN_S,
                           lambda: (s := client.read_flow_run(run.id).state) is not None and s.is_final() and s,
                           procs, logs)
-            assert final.is_completed(), f"{final}\n{_tail(logs['serve'])}"
+            assert final.is_completed(), f"{final}\n{tail(logs['serve'])}"
         _let_flow_run_process_exit(procs["serve"].pid)
         assert all(a.ip == "127.0.0.1" for a in _listening(procs["serve"].pid))
     finally:
         for name in ("serve", "server"):  # serve first: it pauses its schedule on the server
             if name in procs:
-                stopped += _stop(procs[name])
+                stopped += stop(procs[name])
     assert not [p for p in stopped if _alive(p)]
     metrics = json.loads((root / "artifacts/methods/full/train_metrics.json").read_text())
     assert metrics["world_size"] == 2

@@ -47,10 +47,18 @@ class AllocationError(ValueError):
     """The plan cannot be built for these workers; the message says why."""
 
 
+class WorkPoolError(ValueError):
+    """The grid's Prefect work pool is unknown or has no live worker; the message names it."""
+
+
+class GridRunError(RuntimeError):
+    """Grid runs on a work pool failed (bad input, or every attempt lost); the message lists them."""
+
+
 class LaunchError(RuntimeError):
     """The torchrun workers failed; they printed their own error (exit code 1, not 2: a lost
     worker is not bad input)."""
 
 
 USER_ERRORS = (AllocationError, ClusteringError, ConfigError, DataError, ModelError, OutputError,
-               SelectionError)
+               SelectionError, WorkPoolError)

@@ -278,7 +278,7 @@ KNOWN_SKILLS = (
 MIXTURES = {  # name -> (skills, default sizes): the sizes the profiles were fixed with
     "skills": (SKILLS, {"n_train": 1700, "n_test_per_skill": 30, "n_val_per_skill": 20, "n_chat": 300,
                         "n_chat_val_per_source": 0}),
-    "redundant": (KNOWN_SKILLS, {"n_train": 2800, "n_test_per_skill": 30, "n_val_per_skill": 20,
+    "redundant": (KNOWN_SKILLS, {"n_train": 2800, "n_test_per_skill": 30, "n_val_per_skill": 40,
                                  "n_chat": 300, "n_chat_val_per_source": 3}),
 }
 

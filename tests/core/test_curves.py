@@ -7,7 +7,7 @@ from clusterft.core.curves import eval_steps, saturated, saturation_step, time_t
 
 
 @pytest.mark.parametrize("total, every, want", [
-    (10, 0, []), (10, 3, [3, 6, 9, 10]), (10, 0.25, [3, 6, 9, 10]), (10, 1, [10]),
+    (10, 0, []), (10, 3, [3, 6, 9, 10]), (10, 0.25, [3, 5, 8, 10]), (386, 0.25, [97, 193, 290, 386]), (10, 1, [10]),
     (10, 0.5, [5, 10]), (3, 100, [3]), (7, 0.01, [1, 2, 3, 4, 5, 6, 7]), (0, 0.5, []),
 ])
 def test_eval_steps_every_count_or_fraction_and_always_the_last(total, every, want):

@@ -1,16 +1,15 @@
-"""Per-sample losses count only the answer tokens."""
+"""Per-sample losses count only the answer tokens, from full logits or answer positions only."""
 
+import torch
 
-
-from clusterft.core.losses import per_sample_loss
+from clusterft.core.losses import ResponseLoss, per_sample_loss
 from clusterft.core.tokens import IGNORE_INDEX, collate, encode
 from clusterft.io.examples import load_jsonl
 from tests.helpers.data_case import T, write
+from tests.helpers.lora_case import lora_model, lora_samples
 
 
 def test_per_sample_loss_ignores_prompt_and_padding(tokenizer, tmp_path):
-    import torch
-
     exs = load_jsonl(write(tmp_path, [{"instruction": "copy", "input": "a", "output": "a"},
                                       {"instruction": "copy", "input": "a b c", "output": "a b c"}]), T)
     batch = collate([encode(e, tokenizer, 64) for e in exs], tokenizer.pad_token_id)
@@ -22,3 +21,27 @@ def test_per_sample_loss_ignores_prompt_and_padding(tokenizer, tmp_path):
         keep = lab != IGNORE_INDEX
         want = torch.nn.functional.cross_entropy(logits[i, :-1][keep], lab[keep])
         assert torch.allclose(got[i], want, atol=1e-6)
+
+
+def test_response_only_head_is_used_and_equals_full_logits():
+    model = lora_model()
+    batch = collate(lora_samples(), pad_id=0)
+    fast = ResponseLoss(model)
+    got = fast(model, batch)
+    assert fast.response_only  # the tiny Llama exposes decoder + plain Linear head
+    torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
+
+
+def test_response_only_head_falls_back_when_the_model_changes_its_logits():
+    model = lora_model()
+    batch = collate(lora_samples(), pad_id=0)
+    causal_lm = model.get_base_model()  # e.g. logit soft-capping after the head
+    handle = causal_lm.register_forward_hook(
+        lambda mod, inp, out: out.__setitem__("logits", out["logits"] * 0.5) or out)
+    try:
+        loss = ResponseLoss(model)
+        got = loss(model, batch)
+        assert not loss.response_only
+        torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
+    finally:
+        handle.remove()

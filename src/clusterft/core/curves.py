@@ -13,11 +13,14 @@ SATURATED_BY = 0.5  # full data saturates when it is within TARGET_MARGIN of its
 
 def eval_steps(total_steps: int, every: float) -> list[int]:
     """The 1-based optimizer steps a run of `total_steps` is evaluated after: every `every`
-    steps (> 1) or every `every` fraction of the run (<= 1); the last step always; [] when off."""
+    steps (> 1), or at each multiple of the fraction `every` (<= 1) of the run, rounded up (so
+    0.25 of 386 steps puts a point at 193, exactly half); the last step always; [] when off."""
     if every <= 0 or total_steps <= 0:
         return []
-    stride = int(every) if every > 1 else max(1, math.ceil(every * total_steps))
-    return sorted({*range(stride, total_steps + 1, stride), total_steps})
+    if every > 1:
+        return sorted({*range(int(every), total_steps + 1, int(every)), total_steps})
+    marks = (math.ceil(k * every * total_steps - 1e-9) for k in range(1, int(1 / every + 1e-9) + 1))
+    return sorted({*(max(1, m) for m in marks), total_steps})
 
 
 def time_to_target(points: Sequence[tuple[float, float]], target: float) -> float | None:

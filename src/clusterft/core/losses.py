@@ -1,13 +1,17 @@
-"""Losses on a batch of samples: each sample's mean loss over its answer tokens, and the
-weighted sum the data-parallel update is built from."""
+"""Losses on a batch of samples: each sample's mean loss over its answer tokens (from full
+logits, or with the output layer applied at answer positions only), and the weighted sum the
+data-parallel update is built from."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from clusterft.core.tokens import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
 
 
 def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -30,3 +34,69 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     losses = per_sample_loss(out.logits, batch["labels"])
     return scale * (weights * losses).sum(), losses.detach()
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder stack, plain Linear output layer) of an HF causal LM (peft-wrapped or not),
+    or None when the model does not expose them that way."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_decoder = getattr(base, "get_decoder", None)
+    get_head = getattr(base, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if decoder is None or decoder is base or type(head) is not torch.nn.Linear:
+        return None  # no separate decoder, or a LoRA-wrapped / custom head: use full logits
+    return decoder, head
+
+
+class ResponseLoss:
+    """(model, batch) -> [B] mean response-token loss per sample, with the output layer
+    applied only where a token has a label, and no padding mask for right-padded batches
+    (pads come after every real token, so plain causal attention is exact and SDPA can take
+    its causal fast path; pads carry no loss, so nothing flows back from them). On its first
+    batch it checks itself against the model's own full-logit forward (per_sample_loss) and
+    falls back to that when they differ (e.g. a model that scales or soft-caps its logits)."""
+
+    def __init__(self, model: torch.nn.Module, response_only: bool = True) -> None:
+        self.parts = _decoder_and_head(model) if response_only else None
+        self.checked = self.parts is None
+
+    def full(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return per_sample_loss(logits, batch["labels"])
+
+    def fast(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        decoder, head = self.parts
+        attn = batch["attention_mask"]
+        if bool((attn[:, :-1] >= attn[:, 1:]).all()):
+            attn = None  # right padding: causal attention already keeps real tokens off the pads
+        hidden = decoder(input_ids=batch["input_ids"], attention_mask=attn)[0]
+        labels = batch["labels"][:, 1:]  # hidden state t predicts token t + 1
+        scored = labels != IGNORE_INDEX
+        rows, cols = scored.nonzero(as_tuple=True)
+        tok = torch.nn.functional.cross_entropy(head(hidden[rows, cols]).float(), labels[rows, cols],
+                                                reduction="none")
+        counts = scored.sum(1).clamp(min=1)
+        return torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(
+            0, rows, tok / counts[rows])
+
+    def check(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
+        """Once: compare the fast path with the full logits on `batch`; keep it if equal."""
+        if self.checked:
+            return
+        self.checked = True
+        with torch.no_grad():
+            want, got = self.full(model, batch), self.fast(batch)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+            log.warning("response-only output layer disagrees with the model's logits "
+                        "(max diff %.2e): using full logits", (got - want).abs().max().item())
+            self.parts = None
+
+    @property
+    def response_only(self) -> bool:
+        return self.parts is not None
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.check(model, batch)
+        return self.fast(batch) if self.parts is not None else self.full(model, batch)

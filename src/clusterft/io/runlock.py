@@ -20,8 +20,9 @@ LOCK_ENV = "CLUSTERFT_LOCK"  # the lock file an ancestor process holds for this 
 
 
 @contextmanager
-def artifacts_lock(folder: str | Path, what: str) -> Iterator[None]:
-    """Hold `folder`'s lock for the block, or raise BusyError naming the run that holds it.
+def artifacts_lock(folder: str | Path, what: str, wait: bool = False) -> Iterator[None]:
+    """Hold `folder`'s lock for the block, or raise BusyError naming the run that holds it
+    (`wait`: block until the holder exits instead).
 
     A no-op when an ancestor process holds the same lock (LOCK_ENV) or under torchrun (the
     launcher, or each node's own launcher, holds it)."""
@@ -31,7 +32,7 @@ def artifacts_lock(folder: str | Path, what: str) -> Iterator[None]:
         return
     fh = open(path, "a+", encoding="utf-8")
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fh, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.seek(0)
         holder = fh.read().strip() or "a process that has not yet written its name"

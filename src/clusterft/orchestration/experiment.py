@@ -6,6 +6,10 @@ once, through the same launcher as `dvc repro` (so their measured time is the de
 launch's), and their wall-clock is added to each such run's end-to-end time, as a user would
 pay it once per dataset. `full` and `infobatch` ignore the budget; `cluster_paper` uses the
 budget as the paper's ratio r (its kept fraction then follows the smallest cluster).
+
+The runs go one after the other in this process, or with experiment.work_pool each as a
+flow run of `grid_run` that a worker of that Prefect work pool takes (orchestration.pool):
+the same run_one on a machine that shares the project folder.
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefect import flow
+from prefect.states import Failed
 from tqdm import tqdm
 
 from clusterft.core.timebudget import TimeModel
-from clusterft.errors import SelectionError
-from clusterft.io.artifacts import atomic_write_text
+from clusterft.errors import USER_ERRORS, GridRunError, SelectionError
+from clusterft.io.artifacts import atomic_write_text, ensure_dir
+from clusterft.io.runlock import artifacts_lock
 from clusterft.io.timings import read_probe
 from clusterft.orchestration.launch import run_stage
+from clusterft.orchestration.pool import BAD_INPUT, check_ready, run_on_pool
 from clusterft.report.grid import result_row, write_report
 from clusterft.report.tracking import run_params
 from clusterft.runtime.data import load_examples
@@ -73,20 +81,38 @@ def _fresh(stamp: Path, digest: str, done: Path) -> bool:
 
 def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
     """Select, allocate, train (torchrun) and evaluate one run; return its result row.
-    A finished run is reused only when its params and data digest match (the grid resumes
-    after a crash; a changed param reruns the runs it affects)."""
+    A finished run is reused only when its params and data digest match; a run stopped
+    part-way under the same digest goes on (training resumes from its last checkpoint);
+    a run folder made under other params is cleared first (its checkpoints too)."""
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
     digest = run_digest(cfg, spec)
-    if not _fresh(rdir / "digest.txt", digest, rdir / "eval.json"):
-        if rdir.exists():
-            shutil.rmtree(rdir)  # stale: made under other params (its checkpoints too)
+    stamp = rdir / "digest.txt"  # the digest the folder's outputs are made under
+    if not _fresh(stamp, digest, rdir / "eval.json"):
+        if rdir.exists() and not _fresh(stamp, digest, stamp):
+            shutil.rmtree(rdir)
+        atomic_write_text(ensure_dir(rdir) / "digest.txt", digest)
         for st in PIPELINE:
             if st.per_method:
                 run_stage(cfg, st.name, params, [*overrides, *spec.overrides()], spec.method, spec.name)
         atomic_write_text(rdir / "params.json", json.dumps(run_params(cfg), indent=1))
-        atomic_write_text(rdir / "digest.txt", digest)
     return result_row(cfg, spec, rdir)
+
+
+@flow(name="clusterft-grid-run", persist_result=False)
+def grid_run(params: str, overrides: list[str], method: str, budget: float | None, seed: int,
+             time_budget: float | None = None) -> Any:
+    """One grid run as a work pool's flow run: run_one while holding the run's own lock (an
+    earlier attempt still running on a lost worker's machine is waited for, not doubled).
+    Bad params or data end it in the BAD_INPUT state, which the grid never resubmits."""
+    spec = RunSpec(method, budget, seed, time_budget)
+    try:
+        cfg = load_config(params, [*overrides, *spec.overrides()])
+        with artifacts_lock(cfg.artifact("experiments", ".locks", spec.name), f"grid run {spec.name}", wait=True):
+            run_one(params, overrides, spec)
+    except USER_ERRORS as exc:
+        return Failed(name=BAD_INPUT, message=f"{spec.name}: {type(exc).__name__}: {exc}")
+    return spec.name
 
 
 def finished_row(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any] | None:
@@ -154,14 +180,39 @@ def run_experiment(params: str, overrides: list[str] | None = None, progress: bo
     if report_only:
         rows = [r for r in (finished_row(params, overrides, s) for s in specs) if r is not None]
         return write_report(cfg, rows)
+    if e.work_pool:
+        check_ready(e)  # an unknown pool, or one with no worker, is refused before any stage runs
     prepare_shared(cfg, params, overrides)
     check_time_budgets(params, overrides)
-    rows = []
     start = time.perf_counter()
-    bar = tqdm(specs, desc="experiment", unit="run", disable=not progress)
-    for spec in bar:
-        bar.set_postfix_str(spec.name)
-        rows.append(run_one(params, overrides, spec))
+    if e.work_pool:
+        rows = _on_pool(cfg, params, overrides, specs, progress)
+    else:
+        rows = []
+        bar = tqdm(specs, desc="experiment", unit="run", disable=not progress)
+        for spec in bar:
+            bar.set_postfix_str(spec.name)
+            rows.append(run_one(params, overrides, spec))
     summary = write_report(cfg, rows)
     summary["wall_clock_s"] = time.perf_counter() - start
     return summary
+
+
+def _on_pool(cfg: Any, params: str, overrides: list[str], specs: list[RunSpec], progress: bool) -> list[dict]:
+    """The grid's rows, its unfinished runs submitted to experiment.work_pool (paths as this
+    process sees them: the workers run in its folder, shared across machines)."""
+    done = {s.name: finished_row(params, overrides, s) for s in specs}
+    absolute = str(Path(params).resolve())
+    jobs = {s.name: {"params": absolute, "overrides": overrides, "method": s.method, "budget": s.budget,
+                     "seed": s.seed, "time_budget": s.time_budget} for s in specs if done[s.name] is None}
+    by_name = {s.name: s for s in specs}
+
+    def collect(name: str) -> dict:
+        row = finished_row(params, overrides, by_name[name])
+        if row is None:
+            raise GridRunError(f"grid run {name} completed on the pool but {cfg.method_dir(by_name[name].method, name)} "
+                               "holds no result under the current params: do the workers share this folder?")
+        return row
+
+    ran = run_on_pool(cfg.experiment, grid_run, jobs, collect, str(Path.cwd()), progress) if jobs else {}
+    return [done[s.name] or ran[s.name] for s in specs]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from clusterft.core.losses import per_sample_loss
+from clusterft.core.losses import ResponseLoss
 from clusterft.core.scoring import hit_pairs, summarise_hits
 from clusterft.core.tokens import Example, collate, encode_all
 from clusterft.runtime import parallel
@@ -42,15 +42,20 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size:
 
 @torch.no_grad()
 def sample_losses(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
-                  batch_size: int) -> list[float]:
-    """Each sample's mean response-token loss."""
+                  batch_size: int, loss: ResponseLoss | None = None) -> list[float]:
+    """Each sample's mean response-token loss, in `examples` order. Batches group samples of
+    similar length (less padding) and the output layer runs at answer positions only: on a
+    49k vocabulary the full logits of prompt and pad tokens were most of the cost."""
     model.eval()
+    loss = loss or ResponseLoss(model)
     enc = encode_all(examples, tokenizer, max_length)
-    losses: list[float] = []
-    for i in range(0, len(enc), batch_size):
-        b = {k: v.to(model.device) for k, v in collate(enc[i : i + batch_size], tokenizer.pad_token_id).items()}
-        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
-        losses += per_sample_loss(out.logits, b["labels"]).tolist()
+    order = sorted(range(len(enc)), key=lambda i: enc[i].n_tokens)
+    losses = [0.0] * len(enc)
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        b = {k: v.to(model.device) for k, v in collate([enc[r] for r in rows], tokenizer.pad_token_id).items()}
+        for r, v in zip(rows, loss(model, b).tolist()):
+            losses[r] = v
     return losses
 
 
@@ -67,7 +72,8 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
             "heldout_loss_by_skill": {k: float(np.mean(v)) for k, v in sorted(by.items())}}
 
 
-def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: Any, info: Any) -> dict[str, float]:
+def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: Any, info: Any,
+                     loss: ResponseLoss | None = None) -> dict[str, float]:
     """Validation macro / worst-skill exact match and held-out loss of a model as it trains
     (a point of its curve, evaluate.every): each rank scores the rows rank::world and the
     results are gathered, so the point costs 1/world of a whole evaluation. Every rank
@@ -78,7 +84,7 @@ def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: A
     with autocast(cfg.train.precision, info.device):
         answers = generate_answers(inner, tokenizer, [x.prompt for x in scored], e.batch_size, e.max_new_tokens,
                                    progress=False)
-        losses = sample_losses(inner, tokenizer, share, cfg.data.max_length, e.batch_size)
+        losses = sample_losses(inner, tokenizer, share, cfg.data.max_length, e.batch_size, loss)
     model.train()
     parts = gather_objects((hit_pairs(scored, answers), losses))
     em = summarise_hits([h for hits, _ in parts for h in hits])

@@ -276,6 +276,12 @@ class ExperimentConfig(Section):
                                    "cluster_dynamic also runs with (e.g. [0.3]; a budget no run can meet "
                                    "is refused before any run trains)")
     zero_shot: bool = _f(True, "also score the base model before fine-tuning (the floor)")
+    work_pool: str = _f("", "Prefect work pool whose workers take the grid's runs, one flow run each (empty: "
+                        "one after the other in this process)")
+    worker_timeout: float = _f(120.0, "seconds to wait for a live worker in work_pool before refusing (a "
+                               "worker is lost after 3 missed heartbeats, Prefect's own rule)", gt=0)
+    attempts: int = _f(3, "submissions of a grid run to the pool after a lost worker or a fault (never "
+                       "after bad input)", ge=1)
 
     _methods = field_validator("methods")(_known_methods)
 

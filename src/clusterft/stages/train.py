@@ -17,6 +17,7 @@ import numpy as np
 from clusterft.core.allocation import AllocationPlan
 from clusterft.core.curves import eval_steps
 from clusterft.core.infobatch import InfoBatchSource
+from clusterft.core.losses import ResponseLoss
 from clusterft.core.tokens import encode_all, truncation_report
 from clusterft.errors import AllocationError
 from clusterft.io.artifacts import atomic_write_text, file_digest, read_json, write_json
@@ -123,6 +124,7 @@ class CurveHook:
         self.cfg, self.model, self.tokenizer, self.info, self.start, self.live = cfg, model, tokenizer, info, start, live
         self.points = set(eval_steps(total_steps, cfg.evaluate.every))
         self.validation = load_examples(cfg, "validation") if self.points else []
+        self.loss = ResponseLoss(parallel.unwrap(model))  # checked against full logits once, then reused
         self.eval_s = 0.0
 
     def on_step(self, g: int, rec: dict) -> None:
@@ -139,7 +141,7 @@ class CurveHook:
 
     def _point(self, g: int, rec: dict) -> None:
         t0 = time.perf_counter()
-        rec.update(validation_point(self.model, self.tokenizer, self.validation, self.cfg, self.info))
+        rec.update(validation_point(self.model, self.tokenizer, self.validation, self.cfg, self.info, self.loss))
         rec["train_s"] = t0 - self.start - self.eval_s
         rec["eval_s"] = time.perf_counter() - t0
         self.eval_s += rec["eval_s"]
