@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import Any
 
-from clusterft.errors import USER_ERRORS, LaunchError
+from clusterft.errors import USER_ERRORS, GridRunError, LaunchError
 from clusterft.io.preflight import load_checked
 from clusterft.io.runlock import artifacts_lock
 from clusterft.orchestration.dvcfile import write_dvc_files
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except LaunchError as exc:
+    except (LaunchError, GridRunError) as exc:
         print(f"clusterft {args.command}: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -51,8 +51,14 @@ class WorkPoolError(ValueError):
     """The grid's Prefect work pool is unknown or has no live worker; the message names it."""
 
 
+class GridInputError(ValueError):
+    """Grid runs on a work pool were refused for bad params or data (never retried); the
+    message lists each run with its own error (which names file, line, field or key)."""
+
+
 class GridRunError(RuntimeError):
-    """Grid runs on a work pool failed (bad input, or every attempt lost); the message lists them."""
+    """Grid runs on a work pool failed on every attempt (lost workers, faults); the message
+    lists them."""
 
 
 class LaunchError(RuntimeError):
@@ -61,4 +67,4 @@ class LaunchError(RuntimeError):
 
 
 USER_ERRORS = (AllocationError, ClusteringError, ConfigError, DataError, ModelError, OutputError,
-               SelectionError, WorkPoolError)
+               SelectionError, WorkPoolError, GridInputError)

@@ -123,6 +123,14 @@ def test_grid_on_two_workers_matches_the_in_process_grid(server, in_process, tmp
         runs = [fr for fr in _flow_runs(env) if fr.work_pool_name == "spread"]
         again = _experiment(root, env)  # a rerun reuses every finished run: nothing is submitted
         assert again.returncode == 0 and len([fr for fr in _flow_runs(env) if fr.work_pool_name == "spread"]) == 4
+        bad = _project(tmp_path / "bad", work_pool="spread", methods=["full"], seeds=[0])
+        lines = (root / "artifacts/benchmark/test.jsonl").read_text().splitlines(keepends=True)
+        (bad / "test.jsonl").write_text(lines[0] + '{"instruction": "copy", "input": "a"}\n' + "".join(lines[1:]))
+        refused = _experiment(bad, env, "data.test=test.jsonl")  # only the run's evaluate reads it
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "test.jsonl:2: missing field 'output'" in refused.stderr and "full-s0" in refused.stderr, refused.stderr[-3000:]
+        tries = [fr for fr in _flow_runs(env) if fr.name.startswith("full-s0-a") and fr.work_pool_name == "spread"]
+        assert len(tries) == 2 and any(fr.state.name == "BadInput" for fr in tries)  # the first grid's + one: no retry
     assert _rows(root) == in_process  # run for run: same seeds, deterministic training
     assert {fr.name for fr in runs} == {f"{r}-a1" for r in RUNS} and all(fr.state.is_completed() for fr in runs)
     by_worker = {fr.labels["prefect.worker.name"] for fr in runs}

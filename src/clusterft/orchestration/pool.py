@@ -27,7 +27,7 @@ from prefect.states import Crashed
 from prefect.types.entrypoint import EntrypointType
 from tqdm import tqdm
 
-from clusterft.errors import GridRunError, WorkPoolError
+from clusterft.errors import GridInputError, GridRunError, WorkPoolError
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ def check_ready(e: Any) -> list[str]:
 def run_on_pool(e: Any, grid_flow: Any, jobs: dict[str, dict[str, Any]], collect: Callable[[str], dict],
                 working_dir: str, progress: bool = True) -> dict[str, dict]:
     """Run `jobs` (grid run name -> `grid_flow` parameters) on pool e.work_pool; return each
-    run's result row (`collect(name)` once its flow run completed). Raises GridRunError
-    listing the runs that failed for good, after every other run has finished."""
+    run's result row (`collect(name)` once its flow run completed). After every other run
+    has finished, raises GridInputError listing the runs refused for bad input, else
+    GridRunError listing those that failed on every attempt."""
     workers = check_ready(e)
     log.info("work pool %s: live workers %s; %d grid runs to submit", e.work_pool, ", ".join(workers), len(jobs))
     deployment = grid_flow.deploy(name=e.work_pool, work_pool_name=e.work_pool,
@@ -124,7 +125,8 @@ def _follow(client: SyncPrefectClient, e: Any, deployment: UUID, jobs: dict[str,
 
     active = {name: submit(name, 1) for name in jobs}
     rows: dict[str, dict] = {}
-    failed: dict[str, str] = {}
+    failed: dict[str, str] = {}  # faults, every attempt spent
+    refused: dict[str, str] = {}  # bad input
     no_worker_since: float | None = None
     bar = tqdm(total=len(jobs), desc=f"experiment on {e.work_pool}", unit="run", disable=not progress)
     while active:
@@ -144,7 +146,7 @@ def _follow(client: SyncPrefectClient, e: Any, deployment: UUID, jobs: dict[str,
             if state.is_completed():
                 rows[name] = collect(name)
             elif state.is_failed() and state.name == BAD_INPUT:
-                failed[name] = f"bad input, not retried: {state.message}"
+                refused[name] = state.message or ""
             elif state.is_final() or (worker and worker not in live and (state.is_running() or state.is_pending())):
                 why = f"{state.name}: {state.message}" if state.is_final() else f"worker {worker} lost (no heartbeat)"
                 if not state.is_final():
@@ -163,7 +165,11 @@ def _follow(client: SyncPrefectClient, e: Any, deployment: UUID, jobs: dict[str,
             bar.update(1)
         bar.set_postfix_str(", ".join(running))
     bar.close()
+    kept = "the others finished and a rerun reuses them"
+    if refused:
+        raise GridInputError(f"grid runs refused for bad params or data, not retried ({kept}): "
+                             + "; ".join(refused.values()))
     if failed:
-        raise GridRunError("grid runs failed on work pool " + repr(e.work_pool) + " (the others finished and are "
-                           "reused by a rerun): " + "; ".join(f"{n}: {m}" for n, m in failed.items()))
+        raise GridRunError(f"grid runs failed on work pool {e.work_pool!r} ({kept}): "
+                           + "; ".join(f"{n}: {m}" for n, m in failed.items()))
     return rows
