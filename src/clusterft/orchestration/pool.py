@@ -143,25 +143,25 @@ def _follow(client: SyncPrefectClient, e: Any, deployment: UUID, jobs: dict[str,
             state, worker = fr.state, (fr.labels or {}).get("prefect.worker.name")
             if state is None:
                 continue
+            lost = bool(worker) and worker not in live and (state.is_running() or state.is_pending())
+            if not (state.is_final() or lost):  # still queued or running on a live worker
+                if worker and state.is_running():
+                    running.append(f"{name}@{worker}")
+                continue
             if state.is_completed():
                 rows[name] = collect(name)
             elif state.is_failed() and state.name == BAD_INPUT:
                 refused[name] = state.message or ""
-            elif state.is_final() or (worker and worker not in live and (state.is_running() or state.is_pending())):
-                why = f"{state.name}: {state.message}" if state.is_final() else f"worker {worker} lost (no heartbeat)"
-                if not state.is_final():
+            else:  # a fault or a lost worker: again, while attempts are left
+                why = f"worker {worker} lost (no heartbeat)" if lost else f"{state.name}: {state.message}"
+                if lost:
                     client.set_flow_run_state(at.flow_run_id, Crashed(message=why), force=True)
-                if at.number >= e.attempts:
-                    failed[name] = f"attempt {at.number} of {e.attempts}: {why}"
-                else:
+                if at.number < e.attempts:
                     log.warning("grid run %s, attempt %d: %s; submitting it again", name, at.number, why)
                     active[name] = submit(name, at.number + 1)
-                continue
-            else:
-                if worker and state.is_running():
-                    running.append(f"{name}@{worker}")
-                continue
-            del active[name]
+                    continue
+                failed[name] = f"attempt {at.number} of {e.attempts}: {why}"
+            del active[name]  # finished for good: done, refused or out of attempts
             bar.update(1)
         bar.set_postfix_str(", ".join(running))
     bar.close()
