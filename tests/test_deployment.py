@@ -6,14 +6,14 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
+from urllib.parse import urlparse
 
 import psutil
 
 from tests.conftest import REPO, tiny_params
 from tests.helpers.dvc_project import dvc, make_project, ran
 from tests.helpers.dvc_project import env as dvc_env
-from tests.helpers.prefect_server import SERVER_START_S, free_port, stop, tail, wait
+from tests.helpers.prefect_server import prefect_server, tail, wait
 
 DEPLOY = REPO / "flows" / "deploy.py"
 REGISTER_S = 120
@@ -55,38 +55,19 @@ def _let_flow_run_process_exit(pid: int, timeout: float = 30) -> None:
         time.sleep(0.5)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, monkeypatch):
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "INFO"}
     root = tmp_path / "proj"
     params = tiny_params(root, relative=True)
     params["select"]["methods"] = ["full"]
     make_project(root, params)
-    logs = {"server": tmp_path / "server.log", "serve": tmp_path / "serve.log"}
-    procs: dict[str, subprocess.Popen] = {}
-    stopped: list[int] = []
-    try:
-        with open(logs["server"], "w") as log:
-            procs["server"] = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        wait("the server's /health", SERVER_START_S,
-              lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, procs, logs)
+    with prefect_server(tmp_path / "prefect") as (env, procs, logs):
+        api = env["PREFECT_API_URL"]
         bound = _listening(procs["server"].pid)
         assert bound and all(a.ip == "127.0.0.1" for a in bound), bound
-        assert any(a.port == port for a in bound)
+        assert any(a.port == urlparse(api).port for a in bound)
 
-        with open(logs["serve"], "w") as log:
+        logs["serve"] = tmp_path / "serve.log"
+        with open(logs["serve"], "w") as log:  # stopped before the server: it pauses its schedule there
             procs["serve"] = subprocess.Popen(
                 [sys.executable, str(DEPLOY), "--name", "ci", "--cron", "0 0 1 1 *", "--project", str(root)],
                 env={**env, **dvc_env()}, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
@@ -98,21 +79,16 @@ def test_served_deployment_runs_the_pipeline_flow_on_a_local_server(tmp_path, mo
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             dep = wait("the deployment", REGISTER_S,
-                        lambda: client.read_deployment_by_name("clusterft-pipeline/ci"), procs, logs)
+                       lambda: client.read_deployment_by_name("clusterft-pipeline/ci"), procs, logs)
             assert [s.schedule.cron for s in dep.schedules] == ["0 0 1 1 *"]
             assert dep.parameters == {"project": str(root)}
             run = client.create_flow_run_from_deployment(dep.id)
             final = wait("the flow run to finish", RUN_S,
-                          lambda: (s := client.read_flow_run(run.id).state) is not None and s.is_final() and s,
-                          procs, logs)
+                         lambda: (s := client.read_flow_run(run.id).state) is not None and s.is_final() and s,
+                         procs, logs)
             assert final.is_completed(), f"{final}\n{tail(logs['serve'])}"
         _let_flow_run_process_exit(procs["serve"].pid)
         assert all(a.ip == "127.0.0.1" for a in _listening(procs["serve"].pid))
-    finally:
-        for name in ("serve", "server"):  # serve first: it pauses its schedule on the server
-            if name in procs:
-                stopped += stop(procs[name])
-    assert not [p for p in stopped if _alive(p)]
     metrics = json.loads((root / "artifacts/methods/full/train_metrics.json").read_text())
     assert metrics["world_size"] == 2
     assert (root / "artifacts/report/compare.md").exists()

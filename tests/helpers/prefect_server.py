@@ -73,6 +73,13 @@ def stop(proc: subprocess.Popen) -> list[int]:
     return family
 
 
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def server_env(home: Path, port: int) -> dict:
     """The environment of the server, its workers and its clients (fast worker heartbeats and
     polls, so a lost worker shows in seconds)."""
@@ -86,12 +93,13 @@ def server_env(home: Path, port: int) -> dict:
 @contextmanager
 def prefect_server(home: Path) -> Iterator[tuple[dict, dict, dict]]:
     """(env, procs, logs): a server up on 127.0.0.1 for the block; every process the test adds
-    to `procs` is stopped after it, then the server."""
+    to `procs` is stopped after it, in the order added, then the server; none may survive."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = server_env(home, port)
     logs = {"server": home / "server.log"}
     procs: dict[str, subprocess.Popen] = {}
+    stopped: list[int] = []
     try:
         with open(logs["server"], "w") as log:
             procs["server"] = subprocess.Popen(
@@ -102,4 +110,6 @@ def prefect_server(home: Path) -> Iterator[tuple[dict, dict, dict]]:
         yield env, procs, logs
     finally:
         for name in [n for n in procs if n != "server"] + (["server"] if "server" in procs else []):
-            stop(procs[name])
+            stopped += stop(procs[name])
+    survivors = [p for p in stopped if alive(p)]
+    assert not survivors, f"processes left running: {survivors}"
