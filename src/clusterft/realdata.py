@@ -401,7 +401,10 @@ def run_properties(params: str, seed: int = 0) -> dict[str, Any]:
         tr = json.loads((full / "train_metrics.json").read_text())
         pts = [(p["step"], p["val_macro_em"]) for p in tr.get("curve", [])]
         out["full_curve"] = [{"step": p["step"], "train_s": round(p["train_s"], 1),
-                              "val_macro_em": round(p["val_macro_em"], 4)} for p in tr.get("curve", [])]
+                              "val_macro_em": round(p["val_macro_em"], 4),
+                              **({"val_skill_em": {k: round(v, 3) for k, v in p["val_skill_em"].items()}}
+                                 if p.get("val_skill_em") else {})}  # kept since 2026-12-03
+                             for p in tr.get("curve", [])]
         out["full_steps"] = tr["steps"]
         out["full_saturation_step"] = saturation_step(pts)
         out["full_saturated"] = saturated(pts, tr["steps"])

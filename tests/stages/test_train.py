@@ -37,6 +37,7 @@ def test_validation_curve_is_sharded_timed_apart_and_ends_at_the_evaluated_model
         assert 0 < curve[0]["train_s"] < curve[1]["train_s"] <= metrics["wall_clock_s"]
         assert metrics["eval_during_train_s"] > 0
         assert curve[-1]["val_macro_em"] == ev["validation"]["macro_exact_match"]
+        assert curve[-1]["val_skill_em"] == ev["validation"]["exact_match"]  # which skills still move
         assert abs(curve[-1]["val_heldout_loss"] - ev["heldout_loss"]) < 1e-3 * ev["heldout_loss"]
         history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(metrics["mlflow_run_id"], "val_macro_em")
         assert [h.value for h in history] == [p["val_macro_em"] for p in curve]

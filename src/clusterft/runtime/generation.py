@@ -74,7 +74,7 @@ def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length
 
 def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: Any, info: Any,
                      loss: ResponseLoss | None = None) -> dict[str, float]:
-    """Validation macro / worst-skill exact match and held-out loss of a model as it trains
+    """Validation macro / worst-skill / per-skill exact match and held-out loss of a model as it trains
     (a point of its curve, evaluate.every): each rank scores the rows rank::world and the
     results are gathered, so the point costs 1/world of a whole evaluation. Every rank
     returns the same figures; the model is back in training mode afterwards."""
@@ -90,4 +90,4 @@ def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: A
     em = summarise_hits([h for hits, _ in parts for h in hits])
     all_losses = [v for _, ls in parts for v in ls]
     return {"val_macro_em": em["macro_exact_match"], "val_worst_skill_em": em["worst_skill_exact_match"],
-            "val_heldout_loss": float(np.mean(all_losses))}
+            "val_heldout_loss": float(np.mean(all_losses)), "val_skill_em": em["exact_match"]}

@@ -152,7 +152,8 @@ class CurveHook:
 
 def curve_summary(history: list[dict]) -> dict[str, Any]:
     """The run's validation curve (its points from the step records) and what it cost."""
-    points = [{k: h[k] for k in ("step", "train_s", "val_macro_em", "val_worst_skill_em", "val_heldout_loss")}
+    points = [{**{k: h[k] for k in ("step", "train_s", "val_macro_em", "val_worst_skill_em", "val_heldout_loss")},
+               "val_skill_em": h.get("val_skill_em", {})}  # absent from points logged before it was kept
               for h in history if "val_macro_em" in h]
     if not points:
         return {}
