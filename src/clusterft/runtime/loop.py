@@ -253,8 +253,10 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
             on_step(g, rec)
         every = t.checkpoint_every
         if checkpoint_dir is not None and every and g % every == 0 and (info.rank == 0 or run.sharded):
+            t_save = time.perf_counter()
             save_checkpoint(checkpoint_dir, model, run.opt, run.sched, source, (epoch, step + 1), digest, history,
                             run.scaler, run.sharded, info.rank)
+            rec["checkpoint_s"] = time.perf_counter() - t_save  # what a save costs (the time-budget model)
         if info.rank == 0 and (g % t.log_every == 1 or g == source.total_steps):
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, source.total_steps,
                      rec["weighted_loss"], rec["lr"], 1000 * (time.perf_counter() - t0) / max(1, len(history)))
