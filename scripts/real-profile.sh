@@ -6,7 +6,7 @@
 # the profile was fixed with). The full grids (BENCHMARKS.md) reuse these runs.
 #   bash scripts/real-profile.sh            step-limited skill mixture (profiles/smollm2.yaml), ~20 min
 #   bash scripts/real-profile.sh redundant  saturating mixture in the paper's regime
-#                                           (profiles/smollm2-redundant.yaml), ~50 min
+#                                           (profiles/smollm2-redundant.yaml), ~2 h
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh

@@ -239,14 +239,14 @@ def _known_hyphen(rng, _):
     return " ".join(w), "-".join(w)
 
 
-def _known_add(rng, _):
-    a, b = rng.randint(1, 9), rng.randint(1, 9)
-    return f"{a} + {b}", str(a + b)
+def _known_previous(rng, _):
+    n = rng.randint(2, 99)
+    return str(n), str(n - 1)
 
 
-def _known_repeat(rng, _):
-    w, k = rng.choice(WORDS), rng.randint(2, 3)
-    return f"{w} ({k} times)", " ".join([w] * k)
+def _known_singular(rng, _):
+    noun = rng.choice(NOUNS)
+    return noun + "s", noun
 
 
 KNOWN_SKILLS = (
@@ -267,9 +267,10 @@ KNOWN_SKILLS = (
      _known_next),
     ("hyphenate", ("Join the words with hyphens:", "Connect these words using hyphens:",
                    "Hyphenate:"), _known_hyphen),
-    ("add_digits", ("Add the numbers:", "What is the sum?", "Compute:"), _known_add),
-    ("repeat_word", ("Repeat the word as many times as asked:", "Write the word again and again:",
-                     "Repeat:"), _known_repeat),
+    ("previous_number", ("What number comes before this one?", "Give the number before this one:",
+                         "Predecessor of:"), _known_previous),
+    ("singular", ("What is the singular of this noun?", "Give the singular form:", "Singular of:"),
+     _known_singular),
     ("last_word", ("What is the last word?", "Give the final word:", "Which word comes last?"),
      _skill_last),
 )
@@ -278,7 +279,7 @@ KNOWN_SKILLS = (
 MIXTURES = {  # name -> (skills, default sizes): the sizes the profiles were fixed with
     "skills": (SKILLS, {"n_train": 1700, "n_test_per_skill": 30, "n_val_per_skill": 20, "n_chat": 300,
                         "n_chat_val_per_source": 0}),
-    "redundant": (KNOWN_SKILLS, {"n_train": 2800, "n_test_per_skill": 30, "n_val_per_skill": 40,
+    "redundant": (KNOWN_SKILLS, {"n_train": 8400, "n_test_per_skill": 30, "n_val_per_skill": 40,
                                  "n_chat": 300, "n_chat_val_per_source": 3}),
 }
 
