@@ -4,6 +4,8 @@ built-in benchmark, then your own model folder and data files with no edit to dv
 import json
 import shutil
 
+import pytest
+
 from tests.conftest import tiny_params
 from tests.helpers.dvc_project import commit, dvc, make_project, ran
 
@@ -55,6 +57,7 @@ def test_dvc_repro_end_to_end_cache_then_exp_run_reruns_only_what_changed(tmp_pa
     assert baseline["artifacts/methods/cluster/select_metrics.json"]["data"]["kept_fraction"] == 0.5
 
 
+@pytest.mark.slow  # ~90 s; in `.ci/run`'s slow suite (the default suite stays under 15 minutes)
 def test_dvc_repro_with_your_own_model_folder_and_data_files(tmp_path, tiny_model_dir):
     from clusterft.core.benchmark import generate
     from clusterft.spec.config import BenchmarkConfig

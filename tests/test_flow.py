@@ -4,6 +4,8 @@ finishes without running a stage, and a bad-params failure is not retried."""
 
 import time
 
+import pytest
+
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
@@ -11,6 +13,7 @@ from tests.conftest import tiny_params
 from tests.helpers.dvc_project import dvc, make_project, ran
 
 
+@pytest.mark.slow  # ~200 s; in `.ci/run`'s slow suite (the served deployment test stays default)
 def test_prefect_flows_reproduce_the_dvc_stages(tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId

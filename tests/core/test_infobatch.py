@@ -36,3 +36,18 @@ def test_state_roundtrip_and_bad_prune():
     assert (b.scores == a.scores).all()
     with pytest.raises(ValueError, match="infobatch_prune"):
         InfoBatchSource(n=5, world=1, per_device_batch=1, epochs=1, seed=0, rank=0, prune=1.0)
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 3, 8])
+def test_expected_steps_match_the_steps_trained(epochs):
+    """The lr schedule's length: epoch 0 prunes nothing (no losses seen yet), so with 2
+    epochs (the last 12.5% unpruned) InfoBatch trains every sample twice."""
+    src = InfoBatchSource(n=400, world=2, per_device_batch=10, epochs=epochs, seed=1, rank=0, prune=0.5)
+    rng = np.random.default_rng(0)
+    steps = 0
+    for _e, _s, idx, n, _r in src.batches():
+        steps += 1
+        src.observe(np.arange(400), rng.random(400))  # fresh losses: about half below the mean
+    assert abs(steps - src.total_steps) <= max(1, 0.03 * steps), (steps, src.total_steps)
+    if epochs <= 2:
+        assert steps == src.total_steps == epochs * 20

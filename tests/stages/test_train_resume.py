@@ -22,8 +22,8 @@ def _weights(mdir):
 
 
 @pytest.mark.parametrize("strategy,finetune", [
-    ("ddp", "full"),
-    pytest.param("fsdp", "full", marks=pytest.mark.slow),  # ~1 min each: in `.ci/run`'s slow suite
+    pytest.param("ddp", "full", marks=pytest.mark.slow),  # ~1 min each: in `.ci/run`'s slow suite
+    pytest.param("fsdp", "full", marks=pytest.mark.slow),
     pytest.param("fsdp", "lora", marks=pytest.mark.slow),
 ])
 def test_sigkill_a_rank_then_resume_matches_uninterrupted_run(tmp_path, reliability, strategy, finetune):

@@ -30,11 +30,14 @@ class InfoBatchSource:
 
     @property
     def total_steps(self) -> int:
-        """Expected optimizer steps (for the lr schedule): half the samples sit below the mean."""
+        """Expected optimizer steps (for the lr schedule). Epoch 0 has no losses yet (every
+        score is equal, none below the mean), so it trains on all; in the later pruned epochs
+        about half the samples sit below the mean."""
         g = self.world * self.batch
         full = max(1, self.n // g)
         pruned = max(1, int(self.n * (1 - self.prune / 2)) // g)
-        return self.last_pruned_epoch * pruned + (self.epochs - self.last_pruned_epoch) * full
+        prunable = max(0, self.last_pruned_epoch - 1)
+        return prunable * pruned + (self.epochs - prunable) * full
 
     def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Kept sample order and per-sample rescale for one epoch."""
