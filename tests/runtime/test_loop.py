@@ -1,6 +1,8 @@
 """The training loop's step options: micro-batches (grad_accum, micro_batch_tokens) give the
 same update as the whole step; bf16 / fp16 autocast train a real tiny model end to end."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -70,3 +72,42 @@ def test_half_precision_trains_the_tiny_model(tiny_model_dir, precision):
     moved = sum(float((half[n] - start[n]).abs().sum()) for n in start)
     assert moved > 0 and all(half[n].dtype == torch.float32 for n in half)  # fp32 master weights
     assert h[0]["weighted_loss"] == pytest.approx(h32[0]["weighted_loss"], rel=0.05)  # same model, rounder
+
+
+class Crash(Exception):
+    pass
+
+
+def test_the_training_clock_goes_on_over_a_resume_and_leaves_out_evaluation(tiny_model_dir, tmp_path):
+    """A run killed after its checkpoint at step 4 resumes there with the clock it had: its
+    records' `clock_s` never go back, and the seconds a hook says it spent evaluating are
+    left out while other hook time (live tracking) counts."""
+    samples = case_samples() * 4
+    plan = build_plan(np.full(len(samples), -1), 1, 2, 2, 0, "shuffle")  # 16 steps
+    t = TrainConfig(lr=1e-2, log_every=100, checkpoint_every=4)
+
+    def run(hook):
+        torch.manual_seed(0)
+        return train_on_plan(load_model(tiny_model_dir), samples, np.ones(len(samples)), plan, t,
+                             checkpoint_dir=tmp_path / "ckpt", on_step=hook)
+
+    first = []
+
+    def until_crash(g, rec):
+        first.append(rec)  # the record as the loop keeps it (its clock is set again after the hook)
+        if g == 2:
+            time.sleep(1.0)
+            return 1.0  # an evaluation: off the clock
+        if g == 3:
+            time.sleep(1.0)  # live tracking: on the clock
+        if g == 5:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run(until_crash)
+    history = run(lambda g, rec: None)
+    assert len(history) == plan.total_steps > 5
+    clocks = [h["clock_s"] for h in history]
+    assert clocks[:4] == [h["clock_s"] for h in first[:4]]  # restored from the checkpoint
+    assert all(b > a for a, b in zip(clocks, clocks[1:]))  # one clock over both attempts
+    assert clocks[1] - clocks[0] < 1.0 <= clocks[2] - clocks[1]  # steps 2 and 3, each with its hook

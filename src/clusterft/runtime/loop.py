@@ -226,7 +226,11 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
     Pass `optimizer` to keep its state afterwards (default: t.optimizer on the trainable
     weights). With `checkpoint_dir`, rank 0 (every rank under FSDP: sharded) checkpoints
     every t.checkpoint_every steps and every rank resumes from the last checkpoint.
-    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking."""
+    `on_step(g, record)` is called after optimizer step g (1-based): snapshots, live tracking;
+    the seconds it returns (an evaluation) are kept off the clock. Each record's `clock_s` is
+    the run's training seconds so far, carried over a resume (a crash costs only the steps
+    redone since the checkpoint)."""
+    t0 = time.perf_counter()
     source = plan if hasattr(plan, "batches") else PlanSource(plan, info.rank)
     params = [p for p in model.parameters() if p.requires_grad]
     run = _Run(model, encoded, torch.tensor(weights, dtype=torch.float32), source, t, info, pad_id,
@@ -242,15 +246,17 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
         position, history = load_checkpoint(checkpoint_dir, model, run.opt, run.sched, source, digest,
                                             run.scaler, run.sharded)
     model.train()
-    t0 = time.perf_counter()
+    off_clock = -(history[-1].get("clock_s", 0.0) if history else 0.0)  # a resumed run's clock goes on
     for epoch, step, idx, step_size, rescale in source.batches(position[0], resumed=bool(history)):
         if epoch == position[0] and step < position[1]:
             continue
         rec = run.step(len(history), epoch, idx, step_size, rescale)
         history.append(rec)
         g = len(history)
+        rec["clock_s"] = time.perf_counter() - t0 - off_clock
         if on_step is not None:
-            on_step(g, rec)
+            off_clock += on_step(g, rec) or 0.0
+            rec["clock_s"] = time.perf_counter() - t0 - off_clock
         every = t.checkpoint_every
         if checkpoint_dir is not None and every and g % every == 0 and (info.rank == 0 or run.sharded):
             t_save = time.perf_counter()
@@ -259,7 +265,7 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
             rec["checkpoint_s"] = time.perf_counter() - t_save  # what a save costs (the time-budget model)
         if info.rank == 0 and (g % t.log_every == 1 or g == source.total_steps):
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, source.total_steps,
-                     rec["weighted_loss"], rec["lr"], 1000 * (time.perf_counter() - t0) / max(1, len(history)))
+                     rec["weighted_loss"], rec["lr"], 1000 * rec["clock_s"] / g)
     return history
 
 
