@@ -5,7 +5,6 @@ finishes without running a stage, and a bad-params failure is not retried."""
 import time
 
 import pytest
-
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
