@@ -89,8 +89,8 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
     curve = CurveHook(cfg, model, tokenizer, info, source.total_steps, start, live)
     history = train_on_plan(model, encoded, np.asarray(sel["weight"]), source, cfg.train, info,
                             tokenizer.pad_token_id, checkpoint_dir=mdir / "checkpoint", on_step=curve.on_step)
-    loop_end, eval_before_end = time.perf_counter(), curve.eval_s
-    curve.finish(history)
+    loop_end = time.perf_counter()
+    finish_eval_s = curve.finish(history)
     loop_s = history[-1]["clock_s"]  # the training loop's seconds, over a resume, evaluation excluded
     per_rank = gather_rank_timings(history)
     trained = plain_model(cfg, model, info)
@@ -102,8 +102,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         metrics = {"method": method, "world_size": info.world_size, "backend": info.backend or "none",
                    "strategy": cfg.train.strategy if info.world_size > 1 else "single", "train_loop_s": loop_s,
                    "truncation": truncation, **run_summary(history, source, plan), **curve_summary(history),
-                   "wall_clock_s": curve.setup_s + loop_s
-                   + time.perf_counter() - loop_end - (curve.eval_s - eval_before_end)}
+                   "wall_clock_s": curve.setup_s + loop_s + time.perf_counter() - loop_end - finish_eval_s}
         if live is not None:
             metrics["mlflow_run_id"] = live.finish(metrics, mdir / "model")
         atomic_write_text(mdir / "train_log.jsonl", "".join(json.dumps(h) + "\n" for h in history))
@@ -119,7 +118,8 @@ class CurveHook:
     held-out loss) after the steps eval_steps names, written into that step's record (so a
     resumed run keeps its curve) with the training seconds so far (this attempt's setup plus
     the loop's clock, which a resume carries on), evaluation excluded; then live tracking.
-    `eval_s` is the evaluation time this process spent; `setup_s` its time before the loop."""
+    on_step and finish return the seconds they spent evaluating; `setup_s` is this attempt's
+    time before the loop."""
 
     def __init__(self, cfg: Any, model: Any, tokenizer: Any, info: Any, total_steps: int, start: float,
                  live: LiveTraining | None):
@@ -127,7 +127,6 @@ class CurveHook:
         self.points = set(eval_steps(total_steps, cfg.evaluate.every))
         self.validation = load_examples(cfg, "validation") if self.points else []
         self.loss = ResponseLoss(parallel.unwrap(model))  # checked against full logits once, then reused
-        self.eval_s = 0.0
         self.setup_s = time.perf_counter() - start
 
     def on_step(self, g: int, rec: dict) -> float:
@@ -137,18 +136,19 @@ class CurveHook:
             self.live.on_step(g, rec)
         return spent
 
-    def finish(self, history: list[dict]) -> None:
+    def finish(self, history: list[dict]) -> float:
         """A last point at the run's real end when the schedule's step count was an estimate
-        (InfoBatch prunes a number of samples known only while it trains)."""
+        (InfoBatch prunes a number of samples known only while it trains); returns the seconds
+        spent evaluating, as on_step does."""
         if self.points and history and "val_macro_em" not in history[-1]:
-            self._point(len(history), history[-1])
+            return self._point(len(history), history[-1])
+        return 0.0
 
     def _point(self, g: int, rec: dict) -> float:
         t0 = time.perf_counter()
         rec.update(validation_point(self.model, self.tokenizer, self.validation, self.cfg, self.info, self.loss))
         rec["train_s"] = self.setup_s + rec["clock_s"]
         rec["eval_s"] = time.perf_counter() - t0
-        self.eval_s += rec["eval_s"]
         if self.info.is_main:
             log.info("step %d: validation macro EM %.3f, held-out loss %.4f (%.1f s to evaluate)", g,
                      rec["val_macro_em"], rec["val_heldout_loss"], rec["eval_s"])
