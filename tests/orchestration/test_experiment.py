@@ -2,6 +2,7 @@
 every (method, budget) with its seed spread, and a rerun reuses finished runs."""
 
 import json
+import shutil
 
 import pytest
 
@@ -45,7 +46,8 @@ def test_equal_time_interpolates_between_budgets_and_never_extrapolates():
 
 def test_tiny_experiment_end_to_end(tmp_path):
     p = tiny_params(tmp_path)
-    p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0]}
+    p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0],
+                       "results_dir": str(tmp_path / "kept")}
     p["evaluate"]["every"] = 0.5
     params = str(write_params(tmp_path, p))
     summary = run_experiment(params, progress=False)
@@ -86,6 +88,18 @@ def test_tiny_experiment_end_to_end(tmp_path):
     mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
     run_experiment(params, progress=False)  # finished runs are reused, not retrained
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime
+    # experiment.results_dir kept each run's result files (no weights); a machine whose artifacts
+    # lack the runs reports them from there and does not train them again
+    assert sorted(f.name for f in (tmp_path / "kept/cluster-b0.5-s0").iterdir()) == sorted(
+        ["digest.txt", "params.json", "select_metrics.json", "allocate_metrics.json", "train_metrics.json",
+         "eval.json"])
+    before = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())["runs"]
+    shutil.rmtree(tmp_path / "artifacts/experiments")
+    run_experiment(params, report_only=True)
+    again = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())["runs"]
+    assert json.dumps(again, sort_keys=True) == json.dumps(before, sort_keys=True)
+    run_experiment(params, progress=False)
+    assert not (tmp_path / "artifacts/experiments/full-s0/model").exists()
     assert "Zero-shot base model" in md and json.loads(
         (tmp_path / "artifacts/baseline/eval.json").read_text())["method"] == "zero_shot"
     features = (tmp_path / "artifacts/features/features.npy").stat().st_mtime

@@ -1,10 +1,14 @@
-"""Held-out losses: length-grouped batches at answer positions give each sample's own loss."""
+"""Held-out losses: length-grouped batches at answer positions give each sample's own loss;
+greedy answers read off the teacher-forced pass are the answers generation writes."""
 
+import random
+
+import pytest
 import torch
 
 from clusterft.core.losses import per_sample_loss
-from clusterft.core.tokens import Example, collate, encode
-from clusterft.runtime.generation import sample_losses
+from clusterft.core.tokens import Example, collate, encode, encode_all
+from clusterft.runtime.generation import generate_answers, greedy_answers, sample_losses
 
 
 def test_sample_losses_equal_one_sample_at_a_time_in_input_order(tiny_model_dir):
@@ -23,3 +27,77 @@ def test_sample_losses_equal_one_sample_at_a_time_in_input_order(tiny_model_dir)
             want = per_sample_loss(model(input_ids=one["input_ids"]).logits, one["labels"])[0].item()
         assert abs(g - want) < 1e-4 * max(1.0, abs(want))
     assert len(set(round(g, 6) for g in got)) == len(got)  # distinct losses: a mix-up would show
+
+
+LETTERS = "a b c d e f g h".split()
+
+
+def _copy_example(rng, i: int, wrong: bool = False) -> Example:
+    words = rng.sample(LETTERS, rng.randint(1, 2))
+    return Example(id=str(i), prompt=f"copy {' '.join(words)}\n", response=" ".join(words) + (" z" if wrong else ""))
+
+
+@pytest.fixture(scope="module")
+def copier():
+    """A 2-layer model trained for a few seconds to copy 1-2 letters: right on most prompts."""
+    from clusterft.runtime.model import build_tiny_model, train_tokenizer
+    from clusterft.spec.config import TinyModelConfig
+
+    tok = train_tokenizer([f"copy {' '.join(LETTERS)}\n" + " ".join(LETTERS + ["z"])] * 20, 300)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                             seed=0), tok, 32)
+    rng = random.Random(0)
+    train = [_copy_example(rng, i) for i in range(64)]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(400):
+        b = collate(encode_all(rng.sample(train, 16), tok, 32), tok.pad_token_id)
+        loss = per_sample_loss(model(input_ids=b["input_ids"]).logits, b["labels"]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # every third reference answer is one the model never writes, so both paths are taken
+    evals = [_copy_example(rng, 100 + i, wrong=i % 3 == 0) for i in range(40)]
+    evals.append(Example(id="open", prompt="copy a\n", response="a b", scored=False))  # held-out loss only
+    return model.eval(), tok, evals
+
+
+def _generated_all(model, tok, evals):
+    return generate_answers(model, tok, [x.prompt for x in evals if x.scored], 8, 8, progress=False)
+
+
+def test_greedy_answers_read_off_the_teacher_forced_pass_equal_generating_every_answer(copier):
+    model, tok, evals = copier
+    got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False)
+    assert got.answers == _generated_all(model, tok, evals)
+    n_scored = sum(x.scored for x in evals)
+    assert 0 < got.generated < n_scored - 10  # most right answers were read off, not generated
+    assert got.losses == pytest.approx(sample_losses(model, tok, evals, 32, 8))
+
+
+def test_greedy_answers_generate_every_answer_when_generation_config_is_not_greedy(copier, caplog):
+    model, tok, evals = copier
+    model.generation_config.repetition_penalty = 3.0  # generate() now avoids tokens the prompt holds
+    try:
+        got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False)
+        assert "differs" not in caplog.text  # known from the config, before any spot check
+        assert got.generated == sum(x.scored for x in evals)
+        assert got.answers == _generated_all(model, tok, evals)
+    finally:
+        model.generation_config.repetition_penalty = None
+
+
+def test_greedy_answers_generate_every_answer_when_a_spot_check_differs(copier):
+    model, tok, evals = copier
+    z = tok.convert_tokens_to_ids("z")
+    # a model whose generate() (cached steps: one position per row) disagrees with its full-sequence logits
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda mod, inp, out: out.index_add(-1, torch.tensor([z]), torch.full((*out.shape[:-1], 1), 50.0))
+        if inp[0].dim() == 3 and inp[0].shape[1] == 1 else out)
+    try:
+        got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False)
+        want = _generated_all(model, tok, evals)
+        assert all(a.startswith("z") for a in want)  # the hook really changed generation
+        assert got.answers == want and got.generated == sum(x.scored for x in evals)
+    finally:
+        handle.remove()

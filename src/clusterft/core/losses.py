@@ -1,6 +1,7 @@
 """Losses on a batch of samples: each sample's mean loss over its answer tokens (from full
-logits, or with the output layer applied at answer positions only), and the weighted sum the
-data-parallel update is built from."""
+logits, or with the output layer applied at answer positions only), whether the model's top
+token is the answer's at every one of them, and the weighted sum the data-parallel update is
+built from."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     return scale * (weights * losses).sum(), losses.detach()
 
 
+def top_token_rows(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] bool: at every scored position of row r (logits [T, V] and labels [T] of the scored
+    positions, `rows` [T] their rows) the highest logit is the label; False for a row with none."""
+    wrong = torch.zeros(n, dtype=torch.long, device=labels.device).index_add(
+        0, rows, (logits.argmax(-1) != labels).long())
+    seen = torch.zeros(n, dtype=torch.long, device=labels.device).index_add(0, rows, torch.ones_like(rows))
+    return (wrong == 0) & (seen > 0)
+
+
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """(decoder stack, plain Linear output layer) of an HF causal LM (peft-wrapped or not),
     or None when the model does not expose them that way."""
@@ -62,11 +72,16 @@ class ResponseLoss:
         self.parts = _decoder_and_head(model) if response_only else None
         self.checked = self.parts is None
 
-    def full(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def full(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], top: bool = False) -> Any:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return per_sample_loss(logits, batch["labels"])
+        losses = per_sample_loss(logits, batch["labels"])
+        if not top:
+            return losses
+        labels = batch["labels"][:, 1:]
+        rows, cols = (labels != IGNORE_INDEX).nonzero(as_tuple=True)
+        return losses, top_token_rows(logits[:, :-1][rows, cols], labels[rows, cols], rows, labels.shape[0])
 
-    def fast(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def fast(self, batch: dict[str, torch.Tensor], top: bool = False) -> Any:
         decoder, head = self.parts
         attn = batch["attention_mask"]
         if bool((attn[:, :-1] >= attn[:, 1:]).all()):
@@ -75,11 +90,12 @@ class ResponseLoss:
         labels = batch["labels"][:, 1:]  # hidden state t predicts token t + 1
         scored = labels != IGNORE_INDEX
         rows, cols = scored.nonzero(as_tuple=True)
-        tok = torch.nn.functional.cross_entropy(head(hidden[rows, cols]).float(), labels[rows, cols],
-                                                reduction="none")
+        logits = head(hidden[rows, cols]).float()
+        tok = torch.nn.functional.cross_entropy(logits, labels[rows, cols], reduction="none")
         counts = scored.sum(1).clamp(min=1)
-        return torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(
+        losses = torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(
             0, rows, tok / counts[rows])
+        return (losses, top_token_rows(logits, labels[rows, cols], rows, labels.shape[0])) if top else losses
 
     def check(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
         """Once: compare the fast path with the full logits on `batch`; keep it if equal."""
@@ -100,3 +116,9 @@ class ResponseLoss:
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.check(model, batch)
         return self.fast(batch) if self.parts is not None else self.full(model, batch)
+
+    def with_top(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the losses __call__ gives, [B] bool: the model's top token is the label at every
+        answer position, EOS included, so greedy decoding from the prompt writes that answer)."""
+        self.check(model, batch)
+        return self.fast(batch, top=True) if self.parts is not None else self.full(model, batch, top=True)

@@ -79,16 +79,57 @@ def _fresh(stamp: Path, digest: str, done: Path) -> bool:
     return done.exists() and stamp.exists() and stamp.read_text().strip() == digest
 
 
+def result_files(cfg: Any, spec: RunSpec) -> list[Path]:
+    """A finished run's result files, what its report row is read from (no weights): the
+    metrics of its per-run stages, its digest and its params."""
+    rdir = cfg.method_dir(spec.method, spec.name)
+    return [rdir / "digest.txt", rdir / "params.json",
+            *(st.metrics_path(cfg, spec.method, spec.name) for st in PIPELINE if st.per_method)]
+
+
+def keep_results(cfg: Any, spec: RunSpec) -> None:
+    """Copy a finished run's result files to experiment.results_dir/<run>/ (when set), whole
+    or not at all, so a grid can finish over several machines or sessions."""
+    if not cfg.experiment.results_dir:
+        return
+    dest = Path(cfg.experiment.results_dir) / spec.name
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ensure_dir(tmp)
+    for f in result_files(cfg, spec):
+        shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def restore_results(cfg: Any, spec: RunSpec, digest: str) -> bool:
+    """Bring a run's kept result files (experiment.results_dir/<run>/) into its run folder when
+    they were made under `digest` (the same params and data) and the folder holds no finished
+    run; True when the run is then finished."""
+    kept = Path(cfg.experiment.results_dir) / spec.name if cfg.experiment.results_dir else None
+    if kept is None or not _fresh(kept / "digest.txt", digest, kept / "eval.json"):
+        return False
+    rdir = cfg.method_dir(spec.method, spec.name)
+    shutil.rmtree(rdir, ignore_errors=True)  # a part-way run (its checkpoints too): the kept one is done
+    ensure_dir(rdir)
+    files = result_files(cfg, spec)
+    for f in files[1:]:
+        shutil.copy2(kept / f.name, f)
+    shutil.copy2(kept / "digest.txt", files[0])  # last: the stamp says the folder is whole
+    return True
+
+
 def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
     """Select, allocate, train (torchrun) and evaluate one run; return its result row.
-    A finished run is reused only when its params and data digest match; a run stopped
-    part-way under the same digest goes on (training resumes from its last checkpoint);
-    a run folder made under other params is cleared first (its checkpoints too)."""
+    A finished run is reused only when its params and data digest match (from its folder, or
+    from experiment.results_dir); a run stopped part-way under the same digest goes on
+    (training resumes from its last checkpoint); a run folder made under other params is
+    cleared first (its checkpoints too). A finished run's result files go to results_dir."""
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
     digest = run_digest(cfg, spec)
     stamp = rdir / "digest.txt"  # the digest the folder's outputs are made under
-    if not _fresh(stamp, digest, rdir / "eval.json"):
+    if not _fresh(stamp, digest, rdir / "eval.json") and not restore_results(cfg, spec, digest):
         if rdir.exists() and not _fresh(stamp, digest, stamp):
             shutil.rmtree(rdir)
         atomic_write_text(ensure_dir(rdir) / "digest.txt", digest)
@@ -96,6 +137,7 @@ def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
             if st.per_method:
                 run_stage(cfg, st.name, params, [*overrides, *spec.overrides()], spec.method, spec.name)
         atomic_write_text(rdir / "params.json", json.dumps(run_params(cfg), indent=1))
+        keep_results(cfg, spec)
     return result_row(cfg, spec, rdir)
 
 
@@ -116,10 +158,12 @@ def grid_run(params: str, overrides: list[str], method: str, budget: float | Non
 
 
 def finished_row(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any] | None:
-    """The result row of a run finished under the current params, else None."""
+    """The result row of a run finished under the current params (in its folder or kept in
+    experiment.results_dir), else None."""
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
-    if not _fresh(rdir / "digest.txt", run_digest(cfg, spec), rdir / "eval.json"):
+    digest = run_digest(cfg, spec)
+    if not _fresh(rdir / "digest.txt", digest, rdir / "eval.json") and not restore_results(cfg, spec, digest):
         return None
     return result_row(cfg, spec, rdir)
 

@@ -1,8 +1,11 @@
-"""A model's answers (batched greedy generation) and its held-out loss per skill."""
+"""A model's greedy answers (read off a teacher-forced pass where they can be, else batched greedy
+generation) and its held-out loss per skill."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -11,10 +14,12 @@ from tqdm import tqdm
 
 from clusterft.core.losses import ResponseLoss
 from clusterft.core.scoring import hit_pairs, summarise_hits
-from clusterft.core.tokens import Example, collate, encode_all
+from clusterft.core.tokens import IGNORE_INDEX, Encoded, Example, collate, encode_all
 from clusterft.runtime import parallel
 from clusterft.runtime.distributed import gather_objects
 from clusterft.runtime.precision import autocast
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -41,28 +46,92 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size:
 
 
 @torch.no_grad()
-def sample_losses(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
-                  batch_size: int, loss: ResponseLoss | None = None) -> list[float]:
-    """Each sample's mean response-token loss, in `examples` order. Batches group samples of
-    similar length (less padding) and the output layer runs at answer positions only: on a
-    49k vocabulary the full logits of prompt and pad tokens were most of the cost."""
+def teacher_forced(model: Any, tokenizer: Any, examples: list[Example], max_length: int, batch_size: int,
+                   loss: ResponseLoss | None = None) -> tuple[list[float], list[bool], list[Encoded]]:
+    """Each sample's mean response-token loss, whether the model's top token is the answer's at
+    every answer position (see ResponseLoss.with_top), and its encoding, in `examples` order.
+    Batches group samples of similar length (less padding) and the output layer runs at answer
+    positions only: on a 49k vocabulary the full logits of prompt and pad tokens were most of the cost."""
     model.eval()
     loss = loss or ResponseLoss(model)
     enc = encode_all(examples, tokenizer, max_length)
     order = sorted(range(len(enc)), key=lambda i: enc[i].n_tokens)
-    losses = [0.0] * len(enc)
+    losses, top = [0.0] * len(enc), [False] * len(enc)
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
         b = {k: v.to(model.device) for k, v in collate([enc[r] for r in rows], tokenizer.pad_token_id).items()}
-        for r, v in zip(rows, loss(model, b).tolist()):
-            losses[r] = v
-    return losses
+        got, hit = loss.with_top(model, b)
+        for r, v, h in zip(rows, got.tolist(), hit.tolist()):
+            losses[r], top[r] = v, h
+    return losses, top, enc
 
 
-def heldout_loss(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
-                 batch_size: int) -> dict[str, float]:
-    """Mean response-token loss over samples, overall and per skill/source."""
-    losses = sample_losses(model, tokenizer, examples, max_length, batch_size)
+def sample_losses(model: Any, tokenizer: Any, examples: list[Example], max_length: int,
+                  batch_size: int, loss: ResponseLoss | None = None) -> list[float]:
+    """Each sample's mean response-token loss, in `examples` order (teacher_forced)."""
+    return teacher_forced(model, tokenizer, examples, max_length, batch_size, loss)[0]
+
+
+SPOT_CHECK = 4  # answers taken from the teacher-forced pass that are also generated, and compared
+# generation settings under which generate() picks other tokens than the logits' top one (or
+# stops elsewhere): a model whose generation_config sets any of them has every answer generated
+NOT_GREEDY = {"num_beams": 1, "penalty_alpha": 0, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
+              "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None,
+              "sequence_bias": None, "suppress_tokens": None, "begin_suppress_tokens": None, "min_length": 0,
+              "min_new_tokens": 0, "forced_bos_token_id": None, "forced_eos_token_id": None,
+              "exponential_decay_length_penalty": None, "dola_layers": None}
+
+
+def decodes_by_top_token(model: Any) -> bool:
+    """True when the model's generation_config leaves greedy decoding alone (NOT_GREEDY unset)."""
+    gc = getattr(model, "generation_config", None)
+    return gc is not None and all(getattr(gc, k, None) in (None, neutral) for k, neutral in NOT_GREEDY.items())
+
+
+@dataclass
+class Answered:
+    """The greedy answers of the scored examples (in order), every example's held-out loss, and
+    how many answers were generated (the rest were read off the teacher-forced pass)."""
+
+    answers: list[str]
+    losses: list[float]
+    generated: int
+
+
+def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_length: int, batch_size: int,
+                   max_new_tokens: int, loss: ResponseLoss | None = None, progress: bool = True) -> Answered:
+    """Greedy answers and held-out losses from one teacher-forced pass plus generation where it
+    is needed. Where the model's top token is the reference answer's at every answer position,
+    EOS included, greedy decoding from the prompt writes exactly that answer, so it is read off
+    the pass; only the other scored rows (and any cut by max_length, or longer than
+    max_new_tokens) are generated. A trained model answers most rows right, so most of an
+    evaluation's generation goes. Every row is generated for a model whose generation_config
+    changes greedy decoding (NOT_GREEDY), and when any of SPOT_CHECK read-off answers, generated
+    too, differs."""
+    losses, top, enc = teacher_forced(model, tokenizer, examples, max_length, batch_size, loss)
+    read: dict[int, str] = {}
+    plain = decodes_by_top_token(model)
+    for i, (ex, e, ok) in enumerate(zip(examples, enc, top)):
+        answer = [t for t in e.labels if t != IGNORE_INDEX]
+        if plain and ex.scored and ok and not e.truncated and len(answer) <= max_new_tokens:
+            read[i] = tokenizer.decode(answer[:-1], skip_special_tokens=True)
+    scored = [i for i, ex in enumerate(examples) if ex.scored]
+    check = list(read)[:: max(1, len(read) // SPOT_CHECK)][:SPOT_CHECK]  # spread over the rows
+    todo = check + [i for i in scored if i not in read]
+    out = dict(zip(todo, generate_answers(model, tokenizer, [examples[i].prompt for i in todo], batch_size,
+                                          max_new_tokens, progress)))
+    if any(out[i] != read[i] for i in check):
+        log.warning("greedy generation differs from the teacher-forced answers (e.g. %r against %r): "
+                    "generating every answer", *next((out[i], read[i]) for i in check if out[i] != read[i]))
+        rest = [i for i in read if i not in out]
+        out.update(zip(rest, generate_answers(model, tokenizer, [examples[i].prompt for i in rest], batch_size,
+                                              max_new_tokens, progress)))
+        read = {}
+    return Answered([out.get(i, read.get(i, "")) for i in scored], losses, len(out))
+
+
+def loss_summary(examples: list[Example], losses: list[float]) -> dict[str, Any]:
+    """Mean response-token loss over samples, overall, on open-ended ones and per skill/source."""
     by: dict[str, list[float]] = defaultdict(list)
     for ex, l in zip(examples, losses):
         by[ex.skill or "all"].append(l)
@@ -82,11 +151,10 @@ def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: A
     share = examples[info.rank::info.world_size]
     scored = [x for x in share if x.scored]
     with autocast(cfg.train.precision, info.device):
-        answers = generate_answers(inner, tokenizer, [x.prompt for x in scored], e.batch_size, e.max_new_tokens,
-                                   progress=False)
-        losses = sample_losses(inner, tokenizer, share, cfg.data.max_length, e.batch_size, loss)
+        got = greedy_answers(inner, tokenizer, share, cfg.data.max_length, e.batch_size, e.max_new_tokens, loss,
+                             progress=False)
     model.train()
-    parts = gather_objects((hit_pairs(scored, answers), losses))
+    parts = gather_objects((hit_pairs(scored, got.answers), got.losses))
     em = summarise_hits([h for hits, _ in parts for h in hits])
     all_losses = [v for _, ls in parts for v in ls]
     return {"val_macro_em": em["macro_exact_match"], "val_worst_skill_em": em["worst_skill_exact_match"],

@@ -282,6 +282,10 @@ class ExperimentConfig(Section):
                                "worker is lost after 3 missed heartbeats, Prefect's own rule)", gt=0)
     attempts: int = _f(3, "submissions of a grid run to the pool after a lost worker or a fault (never "
                        "after bad input)", ge=1)
+    results_dir: str = _f("", "folder that keeps each finished grid run's result files (metrics and scores, "
+                          "no weights) and gives them back to a grid whose artifacts lack that run under the "
+                          "same params and data: commit or share it to finish a grid over several machines or "
+                          "sessions (empty: off)")
 
     _methods = field_validator("methods")(_known_methods)
 

@@ -1,4 +1,4 @@
-"""Stage `evaluate`: greedy generation scored by exact match per skill (on `evaluate.split`;
+"""Stage `evaluate`: greedy answers scored by exact match per skill (on `evaluate.split`;
 validation too when the split is test) and held-out loss, of one saved model."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from clusterft.core.scoring import check_skills, exact_match
 from clusterft.core.tokens import Example, encode_all, truncation_report
 from clusterft.io.artifacts import write_json
 from clusterft.runtime.data import load_examples, renderer
-from clusterft.runtime.generation import generate_answers, heldout_loss
+from clusterft.runtime.generation import Answered, greedy_answers, loss_summary, sample_losses
 from clusterft.runtime.model import base_model_dir, load_model, load_tokenizer
 from clusterft.runtime.precision import autocast
 
@@ -24,26 +24,29 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
     train = load_examples(cfg, "train", render)
     validation = load_examples(cfg, "validation", render)
 
-    def score(examples: list[Example], path: str) -> tuple[dict, list[Example], list[str]]:
+    def score(examples: list[Example], path: str) -> tuple[dict, list[Example], Answered]:
         scored = [x for x in examples if x.scored]
         check_skills(scored, train, path, cfg.data.train)
         with autocast(cfg.train.precision, model.device):
-            answers = generate_answers(model, tokenizer, [x.prompt for x in scored], e.batch_size,
-                                       e.max_new_tokens)
-        return exact_match(scored, answers), scored, answers
+            got = greedy_answers(model, tokenizer, examples, cfg.data.max_length, e.batch_size, e.max_new_tokens)
+        return exact_match(scored, got.answers), scored, got
 
     examples = validation if split == "validation" else load_examples(cfg, split, render)
-    em, scored, answers = score(examples, getattr(cfg.data, split))
-    metrics = {"split": split, "n_scored": len(scored), **em}
+    em, scored, got = score(examples, getattr(cfg.data, split))
+    metrics = {"split": split, "n_scored": len(scored), "n_generated": got.generated, **em}
     metrics["truncation"] = {s: truncation_report(encode_all(xs, tokenizer, cfg.data.max_length), s,
                                                   cfg.data.max_length)
                              for s, xs in {split: examples, "validation": validation}.items()}
+    val_losses = got.losses if split == "validation" else None
     if split == "test" and e.also_validation and any(x.scored for x in validation):
-        metrics["validation"] = score(validation, cfg.data.validation)[0]
-    with autocast(cfg.train.precision, model.device):
-        metrics.update(heldout_loss(model, tokenizer, validation, cfg.data.max_length, e.batch_size))
+        metrics["validation"], _, val = score(validation, cfg.data.validation)
+        val_losses = val.losses
+    if val_losses is None:
+        with autocast(cfg.train.precision, model.device):
+            val_losses = sample_losses(model, tokenizer, validation, cfg.data.max_length, e.batch_size)
+    metrics.update(loss_summary(validation, val_losses))
     metrics["samples"] = [{"prompt": x.prompt, "answer": a, "expected": x.response}
-                          for x, a in list(zip(scored, answers))[:5]]
+                          for x, a in list(zip(scored, got.answers))[:5]]
     return metrics
 
 
