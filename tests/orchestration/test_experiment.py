@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from clusterft.orchestration.experiment import run_experiment
-from clusterft.report.grid import aggregate, at_equal_time, equal_time_markdown
+from clusterft.report.grid import aggregate, at_equal_time, equal_time_markdown, machines_note
 from clusterft.spec.grid import RunSpec, grid
 from tests.conftest import tiny_params, write_params
 
@@ -44,6 +44,15 @@ def test_equal_time_interpolates_between_budgets_and_never_extrapolates():
     assert "| 20.0 | 0.20 | - | 0.400 / 0.200 | - |" in md
 
 
+def test_report_warns_when_runs_come_from_different_machines():
+    def row(run, cpu):
+        return {"run": run, "machine": {"cpu": cpu, "cores": 2, "gpu": "", "torch": "2.13.0"}}
+
+    assert machines_note([row("full-s0", "A"), row("random-b0.3-s0", "A"), {"run": "old-s0"}]) == ""
+    note = machines_note([row("full-s0", "A"), row("random-b0.3-s0", "B")])
+    assert "2 kinds of machine" in note and "cpu A" in note and "cpu B" in note and "random-b0.3-s0" in note
+
+
 def test_tiny_experiment_end_to_end(tmp_path):
     p = tiny_params(tmp_path)
     p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0],
@@ -64,6 +73,7 @@ def test_tiny_experiment_end_to_end(tmp_path):
     own = {r: secs(f"experiments/{r}/select_metrics.json", f"experiments/{r}/allocate_metrics.json")
            for r in ("full-s0", "cluster-b0.5-s0")}
     runs = {r["run"]: r for r in res["runs"]}  # cluster pays the shared selection stages, full does not
+    assert runs["full-s0"]["machine"]["cores"] >= 1 and runs["full-s0"]["machine"]["torch"]
     assert runs["cluster-b0.5-s0"]["selection_s"] == pytest.approx(shared + own["cluster-b0.5-s0"])
     assert runs["full-s0"]["selection_s"] == pytest.approx(own["full-s0"]) and shared > 0
     assert aggs["full"]["trained_fraction"] == 1.0 and aggs["cluster"]["trained_fraction"] == 0.5
@@ -86,19 +96,29 @@ def test_tiny_experiment_end_to_end(tmp_path):
     assert props["full_saturated"] is not None and props["full_saturation_step"] <= props["full_steps"]
     assert set(props["full_val_em_per_skill"]) and props["zero_shot_macro_em"] >= 0
     mtime = (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime
+    shared_mtime = (tmp_path / "artifacts/features/features.npy").stat().st_mtime
     run_experiment(params, progress=False)  # finished runs are reused, not retrained
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime == mtime
+    assert (tmp_path / "artifacts/features/features.npy").stat().st_mtime == shared_mtime  # nor shared stages
     # experiment.results_dir kept each run's result files (no weights); a machine whose artifacts
     # lack the runs reports them from there and does not train them again
     assert sorted(f.name for f in (tmp_path / "kept/cluster-b0.5-s0").iterdir()) == sorted(
-        ["digest.txt", "params.json", "select_metrics.json", "allocate_metrics.json", "train_metrics.json",
-         "eval.json"])
+        ["digest.txt", "params.json", "shared_times.json", "select_metrics.json", "allocate_metrics.json",
+         "train_metrics.json", "eval.json"])
     before = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())["runs"]
     shutil.rmtree(tmp_path / "artifacts/experiments")
+    shutil.rmtree(tmp_path / "artifacts/cluster")  # their selection seconds were kept with the runs
     run_experiment(params, report_only=True)
     again = json.loads((tmp_path / "artifacts/experiments/results.json").read_text())["runs"]
     assert json.dumps(again, sort_keys=True) == json.dumps(before, sort_keys=True)
-    run_experiment(params, progress=False)
+    assert not (tmp_path / "artifacts/experiments/full-s0").exists()  # the report reads kept runs in place
+    (tmp_path / "kept/infobatch-s0/train_metrics.json").unlink()  # a kept run missing a file is not whole
+    part = run_experiment(params, report_only=True)
+    assert {a["method"] for a in part["aggregate"]} == {"full", "cluster"}
+    (tmp_path / "kept/infobatch-s0/train_metrics.json").write_text(
+        (tmp_path / "kept/full-s0/train_metrics.json").read_text())  # whole again (its figures aside)
+    run_experiment(params, progress=False)  # restored into the run folders, not trained again
+    assert (tmp_path / "artifacts/experiments/full-s0/eval.json").exists()
     assert not (tmp_path / "artifacts/experiments/full-s0/model").exists()
     assert "Zero-shot base model" in md and json.loads(
         (tmp_path / "artifacts/baseline/eval.json").read_text())["method"] == "zero_shot"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterft.errors import SelectionError
-from clusterft.io.artifacts import read_json
+from clusterft.io.artifacts import read_json, write_json
 from clusterft.spec.config import to_dict
 from clusterft.spec.stages import PROBE_TRAIN_KEYS, STAGES, stage
 
@@ -39,8 +39,19 @@ def read_probe(cfg: Any) -> dict[str, Any]:
     return m
 
 
-def shared_times(cfg: Any) -> dict[str, float]:
-    """Wall-clock of the once-per-dataset selection stages (0 when absent)."""
+SHARED_TIMES = "shared_times.json"  # in a run folder: the shared stages' seconds when the run was made
+
+
+def write_shared_times(cfg: Any, run_dir: Path) -> None:
+    """Fix in a run folder what the once-per-dataset selection stages took when it was made."""
+    write_json(Path(run_dir) / SHARED_TIMES, shared_times(cfg))
+
+
+def shared_times(cfg: Any, run_dir: Path | None = None) -> dict[str, float]:
+    """Wall-clock of the once-per-dataset selection stages: as a run folder recorded them
+    (SHARED_TIMES), else as their metrics say now (0 when absent)."""
+    if run_dir is not None and (Path(run_dir) / SHARED_TIMES).exists():
+        return read_json(Path(run_dir) / SHARED_TIMES)
     out = {}
     for st in STAGES:
         if st.selection:

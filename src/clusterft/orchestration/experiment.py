@@ -29,7 +29,7 @@ from clusterft.core.timebudget import TimeModel
 from clusterft.errors import USER_ERRORS, GridRunError, SelectionError
 from clusterft.io.artifacts import atomic_write_text, ensure_dir
 from clusterft.io.runlock import artifacts_lock
-from clusterft.io.timings import read_probe
+from clusterft.io.timings import SHARED_TIMES, read_probe, write_shared_times
 from clusterft.orchestration.launch import run_stage
 from clusterft.orchestration.pool import BAD_INPUT, check_ready, run_on_pool
 from clusterft.report.grid import result_row, write_report
@@ -80,17 +80,28 @@ def _fresh(stamp: Path, digest: str, done: Path) -> bool:
 
 
 def result_files(cfg: Any, spec: RunSpec) -> list[Path]:
-    """A finished run's result files, what its report row is read from (no weights): the
-    metrics of its per-run stages, its digest and its params."""
+    """A finished run's result files, what its report row is read from (no weights): its
+    digest, params, the shared stages' seconds it paid and the metrics of its per-run stages."""
     rdir = cfg.method_dir(spec.method, spec.name)
-    return [rdir / "digest.txt", rdir / "params.json",
+    return [rdir / "digest.txt", rdir / "params.json", rdir / SHARED_TIMES,
             *(st.metrics_path(cfg, spec.method, spec.name) for st in PIPELINE if st.per_method)]
 
 
-def keep_results(cfg: Any, spec: RunSpec) -> None:
-    """Copy a finished run's result files to experiment.results_dir/<run>/ (when set), whole
-    or not at all, so a grid can finish over several machines or sessions."""
+def kept_run(cfg: Any, spec: RunSpec, digest: str) -> Path | None:
+    """experiment.results_dir/<run>/ when it holds every result file of the run made under
+    `digest` (the same params and data), else None."""
     if not cfg.experiment.results_dir:
+        return None
+    kept = Path(cfg.experiment.results_dir) / spec.name
+    whole = all((kept / f.name).exists() for f in result_files(cfg, spec))
+    return kept if whole and _fresh(kept / "digest.txt", digest, kept / "digest.txt") else None
+
+
+def keep_results(cfg: Any, spec: RunSpec, digest: str) -> None:
+    """Copy a finished run's result files to experiment.results_dir/<run>/ (when set and not
+    kept there under `digest` yet), whole or not at all, so a grid can finish over several
+    machines or sessions."""
+    if not cfg.experiment.results_dir or kept_run(cfg, spec, digest) is not None:
         return
     dest = Path(cfg.experiment.results_dir) / spec.name
     tmp = dest.with_name(dest.name + ".tmp")
@@ -103,14 +114,14 @@ def keep_results(cfg: Any, spec: RunSpec) -> None:
 
 
 def restore_results(cfg: Any, spec: RunSpec, digest: str) -> bool:
-    """Bring a run's kept result files (experiment.results_dir/<run>/) into its run folder when
-    they were made under `digest` (the same params and data) and the folder holds no finished
-    run; True when the run is then finished."""
-    kept = Path(cfg.experiment.results_dir) / spec.name if cfg.experiment.results_dir else None
-    if kept is None or not _fresh(kept / "digest.txt", digest, kept / "eval.json"):
+    """Bring a run kept whole under `digest` in experiment.results_dir into its run folder (a
+    part-way run there, checkpoints too, is replaced: the kept one is done); True when it did.
+    Only under the run's lock (run_one): the report reads kept runs where they are."""
+    kept = kept_run(cfg, spec, digest)
+    if kept is None:
         return False
     rdir = cfg.method_dir(spec.method, spec.name)
-    shutil.rmtree(rdir, ignore_errors=True)  # a part-way run (its checkpoints too): the kept one is done
+    shutil.rmtree(rdir, ignore_errors=True)
     ensure_dir(rdir)
     files = result_files(cfg, spec)
     for f in files[1:]:
@@ -137,7 +148,9 @@ def run_one(params: str, overrides: list[str], spec: RunSpec) -> dict[str, Any]:
             if st.per_method:
                 run_stage(cfg, st.name, params, [*overrides, *spec.overrides()], spec.method, spec.name)
         atomic_write_text(rdir / "params.json", json.dumps(run_params(cfg), indent=1))
-        keep_results(cfg, spec)
+    if not (rdir / SHARED_TIMES).exists():  # the selection seconds this run paid, fixed with it
+        write_shared_times(cfg, rdir)
+    keep_results(cfg, spec, digest)
     return result_row(cfg, spec, rdir)
 
 
@@ -163,9 +176,10 @@ def finished_row(params: str, overrides: list[str], spec: RunSpec) -> dict[str, 
     cfg = load_config(params, [*overrides, *spec.overrides()])
     rdir = cfg.method_dir(spec.method, spec.name)
     digest = run_digest(cfg, spec)
-    if not _fresh(rdir / "digest.txt", digest, rdir / "eval.json") and not restore_results(cfg, spec, digest):
-        return None
-    return result_row(cfg, spec, rdir)
+    if _fresh(rdir / "digest.txt", digest, rdir / "eval.json"):
+        return result_row(cfg, spec, rdir)
+    kept = kept_run(cfg, spec, digest)
+    return result_row(cfg, spec, kept) if kept is not None else None
 
 
 def prepare_shared(cfg: Any, params: str, overrides: list[str]) -> None:
@@ -186,7 +200,7 @@ def prepare_shared(cfg: Any, params: str, overrides: list[str]) -> None:
             run_stage(cfg, st.name, params, overrides)  # the launch dvc repro uses (features: its workers)
     if cfg.experiment.zero_shot and (stale or not cfg.artifact("baseline", "eval.json").exists()):
         run_zero_shot(cfg)  # the floor: the base model before any fine-tuning
-    atomic_write_text(stamp, digest)
+    atomic_write_text(stamp, params_digest(cfg, SHARED_SECTIONS))  # with the data make-benchmark may have just written
 
 
 def check_time_budgets(params: str, overrides: list[str]) -> None:

@@ -23,7 +23,7 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
     seconds (the paid selection stages included), scores on test and validation."""
     sel, alloc = read_json(rdir / "select_metrics.json"), read_json(rdir / "allocate_metrics.json")
     tr, ev = read_json(rdir / "train_metrics.json"), read_json(rdir / "eval.json")
-    shared = shared_times(cfg)
+    shared = shared_times(cfg, rdir)
     pre = sum(shared[s] for s in paid_stages(spec.method, cfg.select.time_budget))
     trained = sum(tr.get("samples_trained_per_epoch") or [0])
     planned = sel.get("time_plan", {}).get("planned_end_to_end_s", float("nan"))
@@ -45,6 +45,7 @@ def result_row(cfg: Any, spec: RunSpec, rdir: Path) -> dict[str, Any]:
         "val_macro_em": ev.get("validation", {}).get("macro_exact_match", float("nan")),
         "val_worst_skill_em": ev.get("validation", {}).get("worst_skill_exact_match", float("nan")),
         "steps": tr.get("steps"), "eval_during_train_s": tr.get("eval_during_train_s", 0.0),
+        "machine": tr.get("machine", {}),
         "curve": [{"step": p["step"], "end_to_end_s": selection_s + p["train_s"], "val_macro_em": p["val_macro_em"]}
                   for p in tr.get("curve", [])],
     }
@@ -255,7 +256,7 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
     if plot_curves(rows, out / "curves.png"):
         curves += "\n![validation curves](curves.png)\n"
     atomic_write_text(out / "report.md", "# clusterft experiment: methods x budgets x seeds\n\n"
-                      f"Exact match on the {cfg.evaluate.split} split.\n\n" + floor + table
+                      f"Exact match on the {cfg.evaluate.split} split.\n\n" + machines_note(rows) + floor + table
                       + "\n" + equal_time_markdown(aggs) + "\n![time vs accuracy](report.png)\n"
                       + ("\n" + curves if curves else ""))
     write_json(out / "results.json", {"runs": rows, "aggregate": aggs, "zero_shot": zs,
@@ -265,6 +266,21 @@ def write_report(cfg: Any, rows: list[dict[str, Any]], track: bool = True) -> di
         summary["mlflow_run_id"] = log_experiment(cfg, rows, aggs, [out / "report.md", out / "report.png"])
     print(table)
     return summary
+
+
+def machines_note(rows: list[dict[str, Any]]) -> str:
+    """A warning when the grid's runs were trained on more than one kind of machine (a grid
+    finished over several sessions or machines): their times are not side by side."""
+    kinds: dict[str, list[str]] = {}
+    for r in rows:
+        m = r.get("machine") or {}
+        if m:
+            kinds.setdefault(", ".join(f"{k} {m[k]}" for k in sorted(m) if m[k]), []).append(r["run"])
+    if len(kinds) < 2:
+        return ""
+    return (f"**The runs were trained on {len(kinds)} kinds of machine**, so their times are not measured side "
+            "by side: " + "; ".join(f"{k} ({len(v)} runs: {', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                                    for k, v in kinds.items()) + ".\n\n")
 
 
 def zero_shot(cfg: Any) -> dict[str, Any] | None:

@@ -233,6 +233,15 @@ def log_pipeline(cfg: Any, collected: dict[str, Any], rows: list[dict[str, Any]]
         return parent.info.run_id
 
 
+def _run_file(cfg: Any, row: dict, name: str) -> Path | None:
+    """A grid run's file: in its run folder, else where experiment.results_dir keeps it."""
+    for folder in (cfg.method_dir(row["base_method"], row["run"]),
+                   Path(cfg.experiment.results_dir) / row["run"] if cfg.experiment.results_dir else None):
+        if folder is not None and (folder / name).exists():
+            return folder / name
+    return None
+
+
 def log_experiment(cfg: Any, rows: list[dict], aggs: list[dict], artifacts: list[Path]) -> str:
     """Record an experiment grid: a parent run, one nested run per grid run (its params, its
     result row, its live training run adopted), the aggregates and the report files."""
@@ -242,13 +251,13 @@ def log_experiment(cfg: Any, rows: list[dict], aggs: list[dict], artifacts: list
     with mlflow.start_run(run_name="experiment", tags={"clusterft.kind": "experiment", **provenance()}) as parent:
         mlflow.log_params(run_params(cfg))
         for r in rows:
-            rdir = cfg.method_dir(r["base_method"], r["run"])
             with mlflow.start_run(run_name=r["run"], nested=True) as child:
-                p = rdir / "params.json"  # the run's effective params, written by run_one
-                mlflow.log_params({**(json.loads(p.read_text()) if p.exists() else {}),
+                p = _run_file(cfg, r, "params.json")  # the run's effective params, written by run_one
+                mlflow.log_params({**(json.loads(p.read_text()) if p else {}),
                                    **{k: str(r[k]) for k in ("method", "budget", "seed")}})
                 mlflow.log_metrics(_numeric(r))
-                live = json.loads((rdir / "train_metrics.json").read_text()).get("mlflow_run_id")
+                tm = _run_file(cfg, r, "train_metrics.json")
+                live = json.loads(tm.read_text()).get("mlflow_run_id") if tm else None
                 if live:
                     _adopt(live, child.info.run_id)
         for a in aggs:

@@ -7,6 +7,7 @@ available, gloo otherwise. Without torchrun everything runs as a world of one.
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -71,3 +72,16 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def machine() -> dict[str, Any]:
+    """What this process runs on (CPU model and cores, GPU, torch): runs made on different
+    machines are not timed side by side, and the grid's report says so."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__}

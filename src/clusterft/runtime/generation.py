@@ -79,7 +79,8 @@ NOT_GREEDY = {"num_beams": 1, "penalty_alpha": 0, "repetition_penalty": 1.0, "en
               "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None,
               "sequence_bias": None, "suppress_tokens": None, "begin_suppress_tokens": None, "min_length": 0,
               "min_new_tokens": 0, "forced_bos_token_id": None, "forced_eos_token_id": None,
-              "exponential_decay_length_penalty": None, "dola_layers": None}
+              "exponential_decay_length_penalty": None, "dola_layers": None, "guidance_scale": 1.0,
+              "watermarking_config": None, "max_time": None}
 
 
 def decodes_by_top_token(model: Any) -> bool:
@@ -102,9 +103,10 @@ def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_leng
                    max_new_tokens: int, loss: ResponseLoss | None = None, progress: bool = True) -> Answered:
     """Greedy answers and held-out losses from one teacher-forced pass plus generation where it
     is needed. Where the model's top token is the reference answer's at every answer position,
-    EOS included, greedy decoding from the prompt writes exactly that answer, so it is read off
-    the pass; only the other scored rows (and any cut by max_length, or longer than
-    max_new_tokens) are generated. A trained model answers most rows right, so most of an
+    EOS included, greedy decoding from the prompt writes exactly that answer (up to
+    floating-point near-ties, as a change of generation batch size can flip), so it is read off
+    the pass; only the other scored rows (and any cut by max_length, longer than
+    max_new_tokens or holding an EOS inside) are generated. A trained model answers most rows right, so most of an
     evaluation's generation goes. Every row is generated for a model whose generation_config
     changes greedy decoding (NOT_GREEDY), and when any of SPOT_CHECK read-off answers, generated
     too, differs."""
@@ -113,7 +115,8 @@ def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_leng
     plain = decodes_by_top_token(model)
     for i, (ex, e, ok) in enumerate(zip(examples, enc, top)):
         answer = [t for t in e.labels if t != IGNORE_INDEX]
-        if plain and ex.scored and ok and not e.truncated and len(answer) <= max_new_tokens:
+        if (plain and ex.scored and ok and not e.truncated and len(answer) <= max_new_tokens
+                and tokenizer.eos_token_id not in answer[:-1]):  # generation would stop at an inner EOS
             read[i] = tokenizer.decode(answer[:-1], skip_special_tokens=True)
     scored = [i for i, ex in enumerate(examples) if ex.scored]
     check = list(read)[:: max(1, len(read) // SPOT_CHECK)][:SPOT_CHECK]  # spread over the rows

@@ -24,22 +24,24 @@ def evaluate_model(cfg: Any, model_dir: Any) -> dict:
     train = load_examples(cfg, "train", render)
     validation = load_examples(cfg, "validation", render)
 
-    def score(examples: list[Example], path: str) -> tuple[dict, list[Example], Answered]:
+    def score(examples: list[Example], path: str, losses: bool) -> tuple[dict, list[Example], Answered]:
+        """Exact match of the scored rows; `losses`: every row's held-out loss too (else scored rows only)."""
         scored = [x for x in examples if x.scored]
         check_skills(scored, train, path, cfg.data.train)
         with autocast(cfg.train.precision, model.device):
-            got = greedy_answers(model, tokenizer, examples, cfg.data.max_length, e.batch_size, e.max_new_tokens)
+            got = greedy_answers(model, tokenizer, examples if losses else scored, cfg.data.max_length,
+                                 e.batch_size, e.max_new_tokens)
         return exact_match(scored, got.answers), scored, got
 
     examples = validation if split == "validation" else load_examples(cfg, split, render)
-    em, scored, got = score(examples, getattr(cfg.data, split))
+    em, scored, got = score(examples, getattr(cfg.data, split), losses=split == "validation")
     metrics = {"split": split, "n_scored": len(scored), "n_generated": got.generated, **em}
     metrics["truncation"] = {s: truncation_report(encode_all(xs, tokenizer, cfg.data.max_length), s,
                                                   cfg.data.max_length)
                              for s, xs in {split: examples, "validation": validation}.items()}
     val_losses = got.losses if split == "validation" else None
     if split == "test" and e.also_validation and any(x.scored for x in validation):
-        metrics["validation"], _, val = score(validation, cfg.data.validation)
+        metrics["validation"], _, val = score(validation, cfg.data.validation, losses=True)
         val_losses = val.losses
     if val_losses is None:
         with autocast(cfg.train.precision, model.device):

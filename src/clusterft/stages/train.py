@@ -101,6 +101,7 @@ def run_train(cfg: Any, method: str, run: str | None = None) -> dict:
         save_trained(trained, tokenizer, mdir / "model")
         metrics = {"method": method, "world_size": info.world_size, "backend": info.backend or "none",
                    "strategy": cfg.train.strategy if info.world_size > 1 else "single", "train_loop_s": loop_s,
+                   "machine": distributed.machine(),
                    "truncation": truncation, **run_summary(history, source, plan), **curve_summary(history),
                    "wall_clock_s": curve.setup_s + loop_s + time.perf_counter() - loop_end - finish_eval_s}
         if live is not None:
