@@ -106,10 +106,10 @@ def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_leng
     EOS included, greedy decoding from the prompt writes exactly that answer (up to
     floating-point near-ties, as a change of generation batch size can flip), so it is read off
     the pass; only the other scored rows (and any cut by max_length, longer than
-    max_new_tokens or holding an EOS inside) are generated. A trained model answers most rows right, so most of an
-    evaluation's generation goes. Every row is generated for a model whose generation_config
-    changes greedy decoding (NOT_GREEDY), and when any of SPOT_CHECK read-off answers, generated
-    too, differs."""
+    max_new_tokens or holding an EOS inside) are generated. A trained model answers most rows
+    right, so most of an evaluation's generation goes. Every row is generated for a model whose
+    generation_config changes greedy decoding (NOT_GREEDY), and when any of SPOT_CHECK
+    read-off answers, generated too, differs."""
     losses, top, enc = teacher_forced(model, tokenizer, examples, max_length, batch_size, loss)
     read: dict[int, str] = {}
     plain = decodes_by_top_token(model)
