@@ -1,12 +1,15 @@
-"""One validation point of a training curve (evaluate.every), generating every answer against
-reading right answers off the teacher-forced pass (runtime.generation.greedy_answers), side by
-side on the same partly trained model: seconds per point, answers equal, and what 4 points
-cost against a run's training time at the profile's setting.
+"""One validation point of a training curve (evaluate.every) three ways, side by side on the same
+partly trained model: generating every answer; reading right answers off the teacher-forced
+pass (runtime.generation.greedy_answers) with every row run whole; and the same with the
+prompt tokens every row shares (system prompt, chat template) run once (ResponseLoss's
+prefix cache). Seconds per point, answers and losses equal, and what 4 points cost against a
+run's training time at the profile's setting.
 
 The model is LoRA-tuned for --steps steps (the profile's lora, lr and per-device batch, one
 process, one thread as a torchrun worker has), so it answers most validation rows as a curve
-point mid-run does. Each way is timed twice, alternating, on one rank's share of the
-validation split (every second row, as a point of a 2-worker run scores).
+point mid-run does. Each way runs once untimed (a batch shape's first call is slower; a
+run's later points reuse it), then is timed --repeats times, alternating, on one rank's
+share of the validation split (every second row, as a point of a 2-worker run scores).
 
     .venv/bin/python benchmarks/bench_eval_point.py --params profiles/smollm2-redundant.yaml
 """
@@ -24,7 +27,7 @@ from tqdm import tqdm
 from clusterft.core.curves import eval_steps
 from clusterft.core.losses import ResponseLoss
 from clusterft.core.scoring import exact_match
-from clusterft.core.tokens import collate, encode_all
+from clusterft.core.tokens import collate, encode_all, shared_prefix
 from clusterft.runtime.data import load_examples, renderer
 from clusterft.runtime.generation import generate_answers, greedy_answers, sample_losses
 from clusterft.runtime.model import add_lora, base_model_dir, load_model, load_tokenizer
@@ -35,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default="profiles/smollm2-redundant.yaml")
     ap.add_argument("--steps", type=int, default=150, help="LoRA steps before the point")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(args.params)
@@ -60,39 +63,50 @@ def main() -> None:
     step_s = (time.perf_counter() - t0) / args.steps
     e, ml = cfg.evaluate, cfg.data.max_length
 
+    whole, cached = ResponseLoss(model, cache_prefix=False), ResponseLoss(model)
+    generated = {}
+
     def every() -> tuple[list[str], list[float]]:
         answers = generate_answers(model, tok, [x.prompt for x in scored], e.batch_size, e.max_new_tokens, False)
-        return answers, sample_losses(model, tok, share, ml, e.batch_size, loss)
+        return answers, sample_losses(model, tok, share, ml, e.batch_size, whole)
 
-    def read_off() -> tuple[list[str], list[float]]:
-        got = greedy_answers(model, tok, share, ml, e.batch_size, e.max_new_tokens, loss, progress=False)
-        read_off.generated = got.generated
+    def read_off(with_loss: ResponseLoss) -> tuple[list[str], list[float]]:
+        got = greedy_answers(model, tok, share, ml, e.batch_size, e.max_new_tokens, with_loss, progress=False)
+        generated[with_loss is cached] = got.generated
         return got.answers, got.losses
 
-    times: dict[str, list[float]] = {"generate every answer": [], "read off + generate the rest": []}
-    results = {}
+    ways = {"generate every answer": every, "read off, rows run whole": lambda: read_off(whole),
+            "read off, shared prompt cached": lambda: read_off(cached)}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    results = {name: fn() for name, fn in ways.items()}  # untimed: a run's later points reuse kernels
     for _ in range(args.repeats):
-        for name, fn in zip(times, (every, read_off)):
+        for name, fn in ways.items():
             t = time.perf_counter()
             results[name] = fn()
             times[name].append(time.perf_counter() - t)
-    (a_ans, a_loss), (b_ans, b_loss) = results.values()
+    (a_ans, a_loss), (b_ans, b_loss), (c_ans, c_loss) = results.values()
     em = exact_match(scored, b_ans)
     print(f"model after {args.steps} LoRA steps ({step_s:.2f} s a step, 1 thread): validation share "
           f"{len(share)} rows, {len(scored)} scored, macro EM {em['macro_exact_match']:.3f}")
     for name, ts in times.items():
         print(f"{name:32s} {np.mean(ts):7.1f} s a point  ({', '.join(f'{t:.1f}' for t in ts)})")
-    ratio = np.mean(times["read off + generate the rest"]) / np.mean(times["generate every answer"])
-    print(f"ratio: {ratio:.2f}x; answers generated {read_off.generated} of {len(scored)}; answers equal: "
-          f"{a_ans == b_ans}; held-out losses equal: {np.allclose(a_loss, b_loss, rtol=1e-5)}")
+    mean = {name: np.mean(ts) for name, ts in times.items()}
+    prompt = shared_prefix(encode_all(share, tok, ml))
+    print(f"read off / generate every: {mean['read off, rows run whole'] / mean['generate every answer']:.2f}x; "
+          f"answers generated {generated[False]} of {len(scored)}; answers equal: {a_ans == b_ans}; "
+          f"held-out losses equal: {np.allclose(a_loss, b_loss, rtol=1e-5)}")
+    print(f"shared prompt cached / rows whole: {mean['read off, shared prompt cached'] / mean['read off, rows run whole']:.2f}x "
+          f"({len(prompt)} shared tokens of {np.mean([x.n_tokens for x in encode_all(share, tok, ml)]):.1f} a row; cache used: "
+          f"{cached.prefix_ok}); answers equal: {c_ans == b_ans}; held-out losses equal: "
+          f"{np.allclose(c_loss, b_loss, rtol=1e-4, atol=1e-6)}")
     n = len(load_examples(cfg, "train", render))
     g = cfg.train.nproc * cfg.train.per_device_batch
     for label, kept in [("full", 1.0), *((f"budget {b}", b) for b in cfg.experiment.budgets)]:
         steps = int(n * kept) * cfg.train.epochs // g
         train_s, points = steps * step_s, len(eval_steps(steps, e.every))
-        shares = [points * np.mean(ts) / train_s for ts in times.values()]
+        shares = [points * t / train_s for t in mean.values()]
         print(f"{label:10s} {steps:5d} steps, ~{train_s:6.0f} s training: {points} points cost "
-              f"{100 * shares[0]:.1f}% -> {100 * shares[1]:.1f}% of it")
+              + " -> ".join(f"{100 * c:.1f}%" for c in shares) + " of it")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import torch
 
 from clusterft.core.losses import ResponseLoss, per_sample_loss
-from clusterft.core.tokens import IGNORE_INDEX, collate, encode
+from clusterft.core.tokens import IGNORE_INDEX, Encoded, collate, encode, shared_prefix
 from clusterft.io.examples import load_jsonl
 from tests.helpers.data_case import T, write
 from tests.helpers.lora_case import lora_model, lora_samples
@@ -45,3 +45,34 @@ def test_response_only_head_falls_back_when_the_model_changes_its_logits():
         torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
     finally:
         handle.remove()
+
+
+def _system_prompted() -> list[Encoded]:
+    """lora_samples behind a shared 4-token system prompt."""
+    system = [1, 2, 3, 4]
+    return [Encoded(id=e.id, input_ids=system + e.input_ids, labels=[IGNORE_INDEX] * 4 + e.labels)
+            for e in lora_samples()]
+
+
+def test_a_shared_prompt_cached_once_gives_the_losses_and_top_tokens_of_the_rows_run_whole():
+    model, rows = lora_model(), _system_prompted()
+    assert shared_prefix(rows) == [1, 2, 3, 4]
+    batch = collate(rows, pad_id=0)
+    whole = ResponseLoss(model).with_top(model, batch)
+    loss = ResponseLoss(model)
+    with torch.no_grad():
+        got = loss.with_top(model, batch, loss.prefix(rows[0].input_ids[:4]))
+    assert loss.prefix_ok
+    torch.testing.assert_close(got[0], whole[0])
+    assert torch.equal(got[1], whole[1])
+
+
+def test_a_cache_of_another_prompt_is_caught_and_every_row_runs_whole(caplog):
+    model, rows = lora_model(), _system_prompted()
+    batch = collate(rows, pad_id=0)
+    whole = ResponseLoss(model).with_top(model, batch)
+    loss = ResponseLoss(model)
+    with torch.no_grad():
+        got = loss.with_top(model, batch, loss.prefix([9, 9, 9, 9]))  # not what the rows start with
+    assert loss.prefix_ok is False and "disagrees" in caplog.text
+    torch.testing.assert_close(got[0], whole[0])

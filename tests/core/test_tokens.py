@@ -2,7 +2,7 @@
 
 
 
-from clusterft.core.tokens import IGNORE_INDEX, encode
+from clusterft.core.tokens import IGNORE_INDEX, Encoded, encode, shared_prefix, starts_with
 from clusterft.io.examples import load_jsonl
 from tests.helpers.data_case import T, write
 
@@ -40,3 +40,27 @@ def test_truncation_report_counts_and_warns_above_five_percent(tokenizer, tmp_pa
     caplog.clear()
     truncation_report(enc[1:], "train", 40)
     assert caplog.text == ""
+
+
+def _row(ids: list[int], prompt: int, truncated: bool = False) -> Encoded:
+    return Encoded(id="r", input_ids=ids, labels=[IGNORE_INDEX] * prompt + ids[prompt:], truncated=truncated)
+
+
+def test_shared_prefix_stops_at_the_first_differing_token_and_before_any_answer_token():
+    system = [1, 7, 7, 3]
+    assert shared_prefix([_row(system + [5, 9, 2], 6), _row(system + [6, 9, 9, 2], 6)]) == system
+    # the answer starts at 4 in the second row: its predictor (position 3) must run, so 3 are shared
+    assert shared_prefix([_row(system + [5, 9, 2], 6), _row(system + [5, 9, 2], 4)]) == system[:3]
+    # identical rows still keep a token each to run the decoder on
+    assert shared_prefix([_row([1, 7, 7], 3), _row([1, 7, 7], 3)]) == [1, 7]
+    assert shared_prefix([_row([1, 7], 1), _row([2, 7], 1)]) == []
+    assert shared_prefix([_row(system + [5, 2], 5)]) == []  # one row: nothing to share
+
+
+def test_a_row_cut_from_the_prompt_side_neither_shortens_the_shared_prefix_nor_takes_it():
+    system = [1, 7, 7, 3]
+    cut = _row([7, 3, 5, 9, 2], 3, truncated=True)  # lost its first tokens to max_length
+    rows = [_row(system + [5, 9, 2], 6), _row(system + [6, 9, 9, 2], 6), cut]
+    assert shared_prefix(rows) == system
+    assert [starts_with(r, system) for r in rows] == [True, True, False]
+    assert not starts_with(_row(system + [5], 4), system)  # its answer's predictor is in the prefix

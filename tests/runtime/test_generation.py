@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from clusterft.core.losses import per_sample_loss
+from clusterft.core.losses import ResponseLoss, per_sample_loss
 from clusterft.core.tokens import Example, collate, encode, encode_all
 from clusterft.runtime.generation import SPOT_CHECK, generate_answers, greedy_answers, sample_losses
 
@@ -19,9 +19,12 @@ def test_sample_losses_equal_one_sample_at_a_time_in_input_order(tiny_model_dir)
 
     model, tok = load_model(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
     words = "a b c d e f g h i j k l".split()
-    examples = [Example(id=str(n), prompt=f"copy {' '.join(words[:n])}\n", response=" ".join(words[: 13 - n]))
+    examples = [Example(id=str(n), prompt=f"answer in words\ncopy {' '.join(words[:n])}\n",
+                        response=" ".join(words[: 13 - n]))
                 for n in (9, 1, 5, 12, 3, 7, 2)]  # lengths out of order, so grouping reorders them
-    got = sample_losses(model, tok, examples, max_length=64, batch_size=3)
+    loss = ResponseLoss(model)
+    got = sample_losses(model, tok, examples, max_length=64, batch_size=3, loss=loss)
+    assert loss.prefix_ok  # the shared first line was run once, from a cache
     for ex, g in zip(examples, got):
         one = collate([encode(ex, tok, 64)], tok.pad_token_id)
         with torch.no_grad():

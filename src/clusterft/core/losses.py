@@ -5,6 +5,7 @@ built from."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -66,11 +67,14 @@ class ResponseLoss:
     (pads come after every real token, so plain causal attention is exact and SDPA can take
     its causal fast path; pads carry no loss, so nothing flows back from them). On its first
     batch it checks itself against the model's own full-logit forward (per_sample_loss) and
-    falls back to that when they differ (e.g. a model that scales or soft-caps its logits)."""
+    falls back to that when they differ (e.g. a model that scales or soft-caps its logits).
+    Without gradients, a prefix every row shares (prefix, with_top's `past`) is run once, not
+    once per row; checked once against the rows run whole, as above."""
 
-    def __init__(self, model: torch.nn.Module, response_only: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, response_only: bool = True, cache_prefix: bool = True) -> None:
         self.parts = _decoder_and_head(model) if response_only else None
         self.checked = self.parts is None
+        self.prefix_ok: bool | None = None if cache_prefix else False  # None: not checked yet
 
     def full(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], top: bool = False) -> Any:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -81,12 +85,20 @@ class ResponseLoss:
         rows, cols = (labels != IGNORE_INDEX).nonzero(as_tuple=True)
         return losses, top_token_rows(logits[:, :-1][rows, cols], labels[rows, cols], rows, labels.shape[0])
 
-    def fast(self, batch: dict[str, torch.Tensor], top: bool = False) -> Any:
+    def fast(self, batch: dict[str, torch.Tensor], top: bool = False, past: Any = None) -> Any:
+        """As full, from the decoder's hidden states at answer positions only; `past` (prefix)
+        holds the keys and values of tokens the batch's rows start with and are cut from it."""
         decoder, head = self.parts
         attn = batch["attention_mask"]
         if bool((attn[:, :-1] >= attn[:, 1:]).all()):
             attn = None  # right padding: causal attention already keeps real tokens off the pads
-        hidden = decoder(input_ids=batch["input_ids"], attention_mask=attn)[0]
+        kw: dict[str, Any] = {}
+        if past is not None:
+            kw["cache"] = past = copy.deepcopy(past)  # the decoder appends to it
+            past.batch_repeat_interleave(batch["input_ids"].shape[0])
+            if attn is not None:
+                attn = torch.cat([attn.new_ones(attn.shape[0], past.get_seq_length()), attn], 1)
+        hidden = decoder(input_ids=batch["input_ids"], attention_mask=attn, **kw)[0]
         labels = batch["labels"][:, 1:]  # hidden state t predicts token t + 1
         scored = labels != IGNORE_INDEX
         rows, cols = scored.nonzero(as_tuple=True)
@@ -109,6 +121,32 @@ class ResponseLoss:
                         "(max diff %.2e): using full logits", (got - want).abs().max().item())
             self.parts = None
 
+    def prefix(self, ids: list[int]) -> Any:
+        """The decoder's key/value cache over `ids`, tokens every row of the coming batches starts
+        with (tokens.shared_prefix), for with_top's `past`; None off the fast path."""
+        if self.parts is None or not ids or self.prefix_ok is False:
+            return None
+        decoder = self.parts[0]
+        device = next(decoder.parameters()).device
+        with torch.no_grad():
+            return decoder(input_ids=torch.tensor([ids], device=device), use_cache=True).cache
+
+    def _prefix_agrees(self, batch: dict[str, torch.Tensor], cut: dict[str, torch.Tensor], past: Any) -> bool:
+        """Once: the cached-prefix path against the rows run whole, on a few rows."""
+        few = {k: v[:4] for k, v in batch.items()}
+        try:
+            with torch.no_grad():
+                (want, want_top), (got, got_top) = self.fast(few, True), self.fast(
+                    {k: v[:4] for k, v in cut.items()}, True, past)
+        except (TypeError, ValueError, AttributeError, RuntimeError) as err:  # a decoder without a usable cache
+            log.warning("shared-prompt cache unusable (%s): running every row whole", err)
+            return False
+        if torch.allclose(got, want, rtol=1e-4, atol=1e-5) and bool((got_top == want_top).all()):
+            return True
+        log.warning("shared-prompt cache disagrees with the rows run whole (max diff %.2e): running every "
+                    "row whole", (got - want).abs().max().item())
+        return False
+
     @property
     def response_only(self) -> bool:
         return self.parts is not None
@@ -117,8 +155,18 @@ class ResponseLoss:
         self.check(model, batch)
         return self.fast(batch) if self.parts is not None else self.full(model, batch)
 
-    def with_top(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def with_top(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                 past: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the losses __call__ gives, [B] bool: the model's top token is the label at every
-        answer position, EOS included, so greedy decoding from the prompt writes that answer)."""
+        answer position, EOS included, so greedy decoding from the prompt writes that answer).
+        `past` (prefix) covers the first tokens of every row, which are then not run again."""
         self.check(model, batch)
-        return self.fast(batch, top=True) if self.parts is not None else self.full(model, batch, top=True)
+        if self.parts is None:
+            return self.full(model, batch, top=True)
+        if past is not None and self.prefix_ok is not False:
+            cut = {k: v[:, past.get_seq_length():] for k, v in batch.items()}
+            if self.prefix_ok is None:
+                self.prefix_ok = self._prefix_agrees(batch, cut, past)
+            if self.prefix_ok:
+                return self.fast(cut, top=True, past=past)
+        return self.fast(batch, top=True)

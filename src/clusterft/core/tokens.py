@@ -134,6 +134,31 @@ def truncation_report(encoded: list[Encoded], split: str = "", max_length: int |
     return report
 
 
+def _answer_start(e: Encoded) -> int:
+    return next((i for i, t in enumerate(e.labels) if t != IGNORE_INDEX), e.n_tokens)
+
+
+def shared_prefix(encoded: list[Encoded]) -> list[int]:
+    """The leading tokens every untruncated row shares before its first answer token (a system
+    prompt and a chat template's opening): the decoder's keys and values there are the same for
+    every row, so they can be computed once (ResponseLoss.prefix). Empty for fewer than 2 rows."""
+    rows = [e for e in encoded if not e.truncated]  # cut from the prompt side: their start is gone
+    if len(rows) < 2:
+        return []
+    first = rows[0].input_ids
+    n = min(e.n_tokens for e in rows) - 1  # every row keeps a token to run the decoder on
+    for e in rows:  # stop before the first answer token's predictor, which must run
+        n = min(n, _answer_start(e) - 1)
+        n = next((i for i in range(n) if e.input_ids[i] != first[i]), n)
+    return first[: max(n, 0)]
+
+
+def starts_with(e: Encoded, prefix: list[int]) -> bool:
+    """Whether `prefix` can be cut from `e` and taken from a cache: its first tokens, ending
+    before the position that predicts its first answer token."""
+    return e.input_ids[: len(prefix)] == prefix and len(prefix) < _answer_start(e)
+
+
 def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch: input_ids, attention_mask, labels (IGNORE_INDEX on pads)."""
     width = max(e.n_tokens for e in batch)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from clusterft.core.losses import ResponseLoss
 from clusterft.core.scoring import hit_pairs, summarise_hits
-from clusterft.core.tokens import IGNORE_INDEX, Encoded, Example, collate, encode_all
+from clusterft.core.tokens import IGNORE_INDEX, Encoded, Example, collate, encode_all, shared_prefix, starts_with
 from clusterft.runtime import parallel
 from clusterft.runtime.distributed import gather_objects
 from clusterft.runtime.precision import autocast
@@ -51,16 +51,21 @@ def teacher_forced(model: Any, tokenizer: Any, examples: list[Example], max_leng
     """Each sample's mean response-token loss, whether the model's top token is the answer's at
     every answer position (see ResponseLoss.with_top), and its encoding, in `examples` order.
     Batches group samples of similar length (less padding) and the output layer runs at answer
-    positions only: on a 49k vocabulary the full logits of prompt and pad tokens were most of the cost."""
+    positions only: on a 49k vocabulary the full logits of prompt and pad tokens were most of the cost.
+    The tokens the rows start with (system prompt, chat template) are run once (shared_prefix):
+    a batch whose rows all start with them takes them from a cache."""
     model.eval()
     loss = loss or ResponseLoss(model)
     enc = encode_all(examples, tokenizer, max_length)
+    prefix = shared_prefix(enc)
+    past = loss.prefix(prefix) if prefix else None
     order = sorted(range(len(enc)), key=lambda i: enc[i].n_tokens)
     losses, top = [0.0] * len(enc), [False] * len(enc)
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
         b = {k: v.to(model.device) for k, v in collate([enc[r] for r in rows], tokenizer.pad_token_id).items()}
-        got, hit = loss.with_top(model, b)
+        cut = past if past is not None and all(starts_with(enc[r], prefix) for r in rows) else None
+        got, hit = loss.with_top(model, b, cut)
         for r, v, h in zip(rows, got.tolist(), hit.tolist()):
             losses[r], top[r] = v, h
     return losses, top, enc
