@@ -1,9 +1,10 @@
-"""One validation point of a training curve (evaluate.every) three ways, side by side on the same
+"""One validation point of a training curve (evaluate.every) four ways, side by side on the same
 partly trained model: generating every answer; reading right answers off the teacher-forced
-pass (runtime.generation.greedy_answers) with every row run whole; and the same with the
-prompt tokens every row shares (system prompt, chat template) run once (ResponseLoss's
-prefix cache). Seconds per point, answers and losses equal, and what 4 points cost against a
-run's training time at the profile's setting.
+pass (runtime.generation.greedy_answers) with every row run whole; the same with the prompt
+tokens every row shares (system prompt, chat template) run once (ResponseLoss's prefix
+cache); and that with a wrong answer kept as far as its first wrong token, not generated (what a
+curve point runs: `complete=False`). Seconds per point, answers, scores and losses equal, and
+what 4 points cost against a run's training time at the profile's setting.
 
 The model is LoRA-tuned for --steps steps (the profile's lora, lr and per-device batch, one
 process, one thread as a torchrun worker has), so it answers most validation rows as a curve
@@ -70,13 +71,15 @@ def main() -> None:
         answers = generate_answers(model, tok, [x.prompt for x in scored], e.batch_size, e.max_new_tokens, False)
         return answers, sample_losses(model, tok, share, ml, e.batch_size, whole)
 
-    def read_off(with_loss: ResponseLoss) -> tuple[list[str], list[float]]:
-        got = greedy_answers(model, tok, share, ml, e.batch_size, e.max_new_tokens, with_loss, progress=False)
-        generated[with_loss is cached] = got.generated
+    def read_off(with_loss: ResponseLoss, complete: bool = True) -> tuple[list[str], list[float]]:
+        got = greedy_answers(model, tok, share, ml, e.batch_size, e.max_new_tokens, with_loss, progress=False,
+                             complete=complete)
+        generated[(with_loss is cached, complete)] = got.generated
         return got.answers, got.losses
 
     ways = {"generate every answer": every, "read off, rows run whole": lambda: read_off(whole),
-            "read off, shared prompt cached": lambda: read_off(cached)}
+            "read off, shared prompt cached": lambda: read_off(cached),
+            "wrong answers cut (curve point)": lambda: read_off(cached, complete=False)}
     times: dict[str, list[float]] = {name: [] for name in ways}
     results = {name: fn() for name, fn in ways.items()}  # untimed: a run's later points reuse kernels
     for _ in range(args.repeats):
@@ -84,7 +87,7 @@ def main() -> None:
             t = time.perf_counter()
             results[name] = fn()
             times[name].append(time.perf_counter() - t)
-    (a_ans, a_loss), (b_ans, b_loss), (c_ans, c_loss) = results.values()
+    (a_ans, a_loss), (b_ans, b_loss), (c_ans, c_loss), (d_ans, d_loss) = results.values()
     em = exact_match(scored, b_ans)
     print(f"model after {args.steps} LoRA steps ({step_s:.2f} s a step, 1 thread): validation share "
           f"{len(share)} rows, {len(scored)} scored, macro EM {em['macro_exact_match']:.3f}")
@@ -93,12 +96,18 @@ def main() -> None:
     mean = {name: np.mean(ts) for name, ts in times.items()}
     prompt = shared_prefix(encode_all(share, tok, ml))
     print(f"read off / generate every: {mean['read off, rows run whole'] / mean['generate every answer']:.2f}x; "
-          f"answers generated {generated[False]} of {len(scored)}; answers equal: {a_ans == b_ans}; "
+          f"answers generated {generated[(False, True)]} of {len(scored)}; answers equal: {a_ans == b_ans}; "
           f"held-out losses equal: {np.allclose(a_loss, b_loss, rtol=1e-5)}")
     print(f"shared prompt cached / rows whole: {mean['read off, shared prompt cached'] / mean['read off, rows run whole']:.2f}x "
           f"({len(prompt)} shared tokens of {np.mean([x.n_tokens for x in encode_all(share, tok, ml)]):.1f} a row; cache used: "
           f"{cached.prefix_ok}); answers equal: {c_ans == b_ans}; held-out losses equal: "
           f"{np.allclose(c_loss, b_loss, rtol=1e-4, atol=1e-6)}")
+    cut = sum(d != a for d, a in zip(d_ans, a_ans))
+    print(f"wrong answers cut / shared prompt cached: {mean['wrong answers cut (curve point)'] / mean['read off, shared prompt cached']:.2f}x "
+          f"(answers generated {generated[(True, False)]} against {generated[(True, True)]}; {cut} kept only as far as "
+          f"their first wrong token, each the start of the generated answer: "
+          f"{all(a.startswith(d) for d, a in zip(d_ans, a_ans))}); exact match per skill equal: "
+          f"{exact_match(scored, d_ans) == exact_match(scored, a_ans)}; held-out losses equal: {d_loss == c_loss}")
     n = len(load_examples(cfg, "train", render))
     g = cfg.train.nproc * cfg.train.per_device_batch
     for label, kept in [("full", 1.0), *((f"budget {b}", b) for b in cfg.experiment.budgets)]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clusterft.core.losses import ResponseLoss, per_sample_loss
+from clusterft.core.scoring import exact_match
 from clusterft.core.tokens import Example, collate, encode, encode_all
 from clusterft.runtime.generation import SPOT_CHECK, generate_answers, greedy_answers, sample_losses
 
@@ -36,9 +37,11 @@ def test_sample_losses_equal_one_sample_at_a_time_in_input_order(tiny_model_dir)
 LETTERS = "a b c d e f g h".split()
 
 
-def _copy_example(rng, i: int, wrong: bool = False) -> Example:
-    words = rng.sample(LETTERS, rng.randint(1, 2))
-    return Example(id=str(i), prompt=f"copy {' '.join(words)}\n", response=" ".join(words) + (" z" if wrong else ""))
+def _copy_example(rng, i: int, wrong: str = "") -> Example:
+    """A prompt to copy 1-2 letters; its reference is wrong by a "z" at the "end" or the "start"."""
+    words = " ".join(rng.sample(LETTERS, rng.randint(1, 2)))
+    response = {"": words, "end": words + " z", "start": "z " + words}[wrong]
+    return Example(id=str(i), prompt=f"copy {words}\n", response=response)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +65,9 @@ def copier():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    # every third reference answer is one the model never writes, so both paths are taken
-    evals = [_copy_example(rng, 100 + i, wrong=i % 3 == 0) for i in range(40)]
+    # a third of the reference answers are ones the model never writes, wrong at their end (where the
+    # model writes EOS) or from their first token, so every path is taken
+    evals = [_copy_example(rng, 100 + i, wrong={0: "end", 3: "start"}.get(i % 6, "")) for i in range(40)]
     evals.append(Example(id="open", prompt="copy a\n", response="a b", scored=False))  # held-out loss only
     return model.eval(), tok, evals
 
@@ -76,13 +80,26 @@ def test_greedy_answers_read_off_the_teacher_forced_pass_equal_generating_every_
     model, tok, evals = copier
     got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False)
     want = _generated_all(model, tok, evals)
-    assert got.answers == want
     scored = [x for x in evals if x.scored]
-    right = sum(a == x.response for a, x in zip(want, scored))
-    assert right >= 20  # the copier is trained: most references are its answers
-    # every wrong answer is generated; every right one is read off, up to SPOT_CHECK also generated
-    assert len(scored) - right <= got.generated <= len(scored) - right + SPOT_CHECK
+    assert want == [x.response.removeprefix("z ").removesuffix(" z") for x in scored]  # the copier is right
+    assert got.answers == want
+    # an answer the top tokens end with an EOS (right, or wrong at its end) is read off, SPOT_CHECK of them
+    # also generated; one wrong from its first token is generated
+    assert got.generated == sum(x.response.startswith("z ") for x in scored) + SPOT_CHECK and got.cut == 0
     assert got.losses == pytest.approx(sample_losses(model, tok, evals, 32, 8))
+
+
+def test_greedy_answers_for_scoring_only_keep_the_start_of_an_answer_wrong_from_its_first_token(copier):
+    model, tok, evals = copier
+    got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False,
+                         complete=False)
+    want = _generated_all(model, tok, evals)
+    scored = [x for x in evals if x.scored]
+    wrong_start = sum(x.response.startswith("z ") for x in scored)
+    assert got.generated == 2 * SPOT_CHECK and got.cut == wrong_start - SPOT_CHECK  # nothing else generated
+    assert exact_match(scored, got.answers) == exact_match(scored, want)
+    assert all(w.startswith(a) and a for a, w in zip(got.answers, want))
+    assert sum(a != w for a, w in zip(got.answers, want)) <= got.cut  # only cut ones can be shorter
 
 
 def test_greedy_answers_generate_every_answer_when_generation_config_is_not_greedy(copier, caplog):
@@ -97,7 +114,8 @@ def test_greedy_answers_generate_every_answer_when_generation_config_is_not_gree
         model.generation_config.repetition_penalty = None
 
 
-def test_greedy_answers_generate_every_answer_when_a_spot_check_differs(copier):
+@pytest.mark.parametrize("complete", [True, False])
+def test_greedy_answers_generate_every_answer_when_a_spot_check_differs(copier, complete):
     model, tok, evals = copier
     z = tok.convert_tokens_to_ids("z")
     # a model whose generate() (cached steps: one position per row) disagrees with its full-sequence logits
@@ -105,7 +123,8 @@ def test_greedy_answers_generate_every_answer_when_a_spot_check_differs(copier):
         lambda mod, inp, out: out.index_add(-1, torch.tensor([z]), torch.full((*out.shape[:-1], 1), 50.0))
         if inp[0].dim() == 3 and inp[0].shape[1] == 1 else out)
     try:
-        got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False)
+        got = greedy_answers(model, tok, evals, max_length=32, batch_size=8, max_new_tokens=8, progress=False,
+                             complete=complete)
         want = _generated_all(model, tok, evals)
         assert all(a.startswith("z") for a in want)  # the hook really changed generation
         assert got.answers == want and got.generated == sum(x.scored for x in evals)

@@ -1,7 +1,6 @@
 """Losses on a batch of samples: each sample's mean loss over its answer tokens (from full
-logits, or with the output layer applied at answer positions only), whether the model's top
-token is the answer's at every one of them, and the weighted sum the data-parallel update is
-built from."""
+logits, or with the output layer applied at answer positions only), the model's top token at
+each of them, and the weighted sum the data-parallel update is built from."""
 
 from __future__ import annotations
 
@@ -38,13 +37,14 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     return scale * (weights * losses).sum(), losses.detach()
 
 
-def top_token_rows(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
-    """[n] bool: at every scored position of row r (logits [T, V] and labels [T] of the scored
-    positions, `rows` [T] their rows) the highest logit is the label; False for a row with none."""
-    wrong = torch.zeros(n, dtype=torch.long, device=labels.device).index_add(
-        0, rows, (logits.argmax(-1) != labels).long())
-    seen = torch.zeros(n, dtype=torch.long, device=labels.device).index_add(0, rows, torch.ones_like(rows))
-    return (wrong == 0) & (seen > 0)
+def top_tokens(logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, A] the highest-logit token at each scored position of each row (logits [T, V] of the
+    scored positions in row-major order, `rows` [T] their rows), IGNORE_INDEX past a row's last."""
+    seen = torch.zeros(n, dtype=torch.long, device=rows.device).index_add(0, rows, torch.ones_like(rows))
+    start = torch.cumsum(seen, 0) - seen
+    out = torch.full((n, int(seen.max()) if n else 0), IGNORE_INDEX, dtype=torch.long, device=rows.device)
+    out[rows, torch.arange(rows.numel(), device=rows.device) - start[rows]] = logits.argmax(-1)
+    return out
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
@@ -81,9 +81,8 @@ class ResponseLoss:
         losses = per_sample_loss(logits, batch["labels"])
         if not top:
             return losses
-        labels = batch["labels"][:, 1:]
-        rows, cols = (labels != IGNORE_INDEX).nonzero(as_tuple=True)
-        return losses, top_token_rows(logits[:, :-1][rows, cols], labels[rows, cols], rows, labels.shape[0])
+        rows, cols = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
+        return losses, top_tokens(logits[:, :-1][rows, cols], rows, logits.shape[0])
 
     def fast(self, batch: dict[str, torch.Tensor], top: bool = False, past: Any = None) -> Any:
         """As full, from the decoder's hidden states at answer positions only; `past` (prefix)
@@ -107,7 +106,7 @@ class ResponseLoss:
         counts = scored.sum(1).clamp(min=1)
         losses = torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(
             0, rows, tok / counts[rows])
-        return (losses, top_token_rows(logits, labels[rows, cols], rows, labels.shape[0])) if top else losses
+        return (losses, top_tokens(logits, rows, labels.shape[0])) if top else losses
 
     def check(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
         """Once: compare the fast path with the full logits on `batch`; keep it if equal."""
@@ -141,7 +140,7 @@ class ResponseLoss:
         except (TypeError, ValueError, AttributeError, RuntimeError) as err:  # a decoder without a usable cache
             log.warning("shared-prompt cache unusable (%s): running every row whole", err)
             return False
-        if torch.allclose(got, want, rtol=1e-4, atol=1e-5) and bool((got_top == want_top).all()):
+        if torch.allclose(got, want, rtol=1e-4, atol=1e-5) and torch.equal(got_top, want_top):
             return True
         log.warning("shared-prompt cache disagrees with the rows run whole (max diff %.2e): running every "
                     "row whole", (got - want).abs().max().item())
@@ -157,8 +156,8 @@ class ResponseLoss:
 
     def with_top(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
                  past: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the losses __call__ gives, [B] bool: the model's top token is the label at every
-        answer position, EOS included, so greedy decoding from the prompt writes that answer).
+        """(the losses __call__ gives, [B, A] the model's top token at each answer position, EOS
+        included: where they are the answer's, greedy decoding from the prompt writes that answer).
         `past` (prefix) covers the first tokens of every row, which are then not run again."""
         self.check(model, batch)
         if self.parts is None:

@@ -47,9 +47,9 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[str], batch_size:
 
 @torch.no_grad()
 def teacher_forced(model: Any, tokenizer: Any, examples: list[Example], max_length: int, batch_size: int,
-                   loss: ResponseLoss | None = None) -> tuple[list[float], list[bool], list[Encoded]]:
-    """Each sample's mean response-token loss, whether the model's top token is the answer's at
-    every answer position (see ResponseLoss.with_top), and its encoding, in `examples` order.
+                   loss: ResponseLoss | None = None) -> tuple[list[float], list[list[int]], list[Encoded]]:
+    """Each sample's mean response-token loss, the model's top token at each of its answer
+    positions (see ResponseLoss.with_top), and its encoding, in `examples` order.
     Batches group samples of similar length (less padding) and the output layer runs at answer
     positions only: on a 49k vocabulary the full logits of prompt and pad tokens were most of the cost.
     The tokens the rows start with (system prompt, chat template) are run once (shared_prefix):
@@ -60,14 +60,14 @@ def teacher_forced(model: Any, tokenizer: Any, examples: list[Example], max_leng
     prefix = shared_prefix(enc)
     past = loss.prefix(prefix) if prefix else None
     order = sorted(range(len(enc)), key=lambda i: enc[i].n_tokens)
-    losses, top = [0.0] * len(enc), [False] * len(enc)
+    losses, top = [0.0] * len(enc), [[] for _ in enc]
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
         b = {k: v.to(model.device) for k, v in collate([enc[r] for r in rows], tokenizer.pad_token_id).items()}
         cut = past if past is not None and all(starts_with(enc[r], prefix) for r in rows) else None
-        got, hit = loss.with_top(model, b, cut)
-        for r, v, h in zip(rows, got.tolist(), hit.tolist()):
-            losses[r], top[r] = v, h
+        got, tokens = loss.with_top(model, b, cut)
+        for r, v, t in zip(rows, got.tolist(), tokens.tolist()):
+            losses[r], top[r] = v, [x for x in t if x != IGNORE_INDEX]
     return losses, top, enc
 
 
@@ -96,46 +96,85 @@ def decodes_by_top_token(model: Any) -> bool:
 
 @dataclass
 class Answered:
-    """The greedy answers of the scored examples (in order), every example's held-out loss, and
-    how many answers were generated (the rest were read off the teacher-forced pass)."""
+    """The greedy answers of the scored examples (in order), every example's held-out loss, how
+    many answers were generated (the rest were read off the teacher-forced pass) and how many of
+    those read are only the start of a wrong answer (greedy_answers' `complete`)."""
 
     answers: list[str]
     losses: list[float]
     generated: int
+    cut: int = 0
+
+
+def _nonspace(text: str) -> str:
+    return "".join(text.split())
+
+
+def _written(tokenizer: Any, answer: list[int], top: list[int]) -> tuple[int, str, bool]:
+    """What greedy decoding writes where the model's top tokens at the answer positions are
+    `top`: it follows the reference `answer` (its last token EOS) up to the first position j
+    where they differ, then writes top[j]. (tokens written, their text, whether that is the
+    whole answer: the reference through its EOS, or an EOS at j)."""
+    j = next((k for k, (p, a) in enumerate(zip(top, answer)) if p != a), len(answer))
+    if j == len(answer):
+        return j, tokenizer.decode(answer[:-1], skip_special_tokens=True), True
+    if top[j] == tokenizer.eos_token_id:
+        return j + 1, tokenizer.decode(answer[:j], skip_special_tokens=True), True
+    return j + 1, tokenizer.decode(answer[:j] + [top[j]], skip_special_tokens=True), False
+
+
+def _spread(rows: list[int]) -> list[int]:
+    """Up to SPOT_CHECK of `rows`, spread over them."""
+    return rows[:: max(1, len(rows) // SPOT_CHECK)][:SPOT_CHECK]
 
 
 def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_length: int, batch_size: int,
-                   max_new_tokens: int, loss: ResponseLoss | None = None, progress: bool = True) -> Answered:
+                   max_new_tokens: int, loss: ResponseLoss | None = None, progress: bool = True,
+                   complete: bool = True) -> Answered:
     """Greedy answers and held-out losses from one teacher-forced pass plus generation where it
-    is needed. Where the model's top token is the reference answer's at every answer position,
-    EOS included, greedy decoding from the prompt writes exactly that answer (up to
-    floating-point near-ties, as a change of generation batch size can flip), so it is read off
-    the pass; only the other scored rows (and any cut by max_length, longer than
-    max_new_tokens or holding an EOS inside) are generated. A trained model answers most rows
-    right, so most of an evaluation's generation goes. Every row is generated for a model whose
-    generation_config changes greedy decoding (NOT_GREEDY), and when any of SPOT_CHECK
-    read-off answers, generated too, differs."""
+    is needed. Greedy decoding from the prompt follows the reference answer for as long as the
+    model's top token is the reference's, then writes its own top token (up to floating-point
+    near-ties, as a change of generation batch size can flip), so where the top tokens match
+    the reference through its EOS, or end in an EOS of their own, the whole answer is read off
+    the pass. With `complete` False (curve points, which only score), a row whose first wrong
+    token already rules out a match (its text without whitespace is no prefix of the
+    reference's) keeps that start of its answer and is not generated either. The other scored
+    rows (and any cut by max_length, longer than max_new_tokens or holding an EOS inside) are
+    generated. Every row is generated for a model whose generation_config changes greedy
+    decoding (NOT_GREEDY), and when any of SPOT_CHECK read-off answers (and of SPOT_CHECK
+    starts), generated too, differs."""
     losses, top, enc = teacher_forced(model, tokenizer, examples, max_length, batch_size, loss)
-    read: dict[int, str] = {}
+    read: dict[int, str] = {}  # whole answers
+    heads: dict[int, str] = {}  # starts of wrong answers
     plain = decodes_by_top_token(model)
-    for i, (ex, e, ok) in enumerate(zip(examples, enc, top)):
-        answer = [t for t in e.labels if t != IGNORE_INDEX]
-        if (plain and ex.scored and ok and not e.truncated and len(answer) <= max_new_tokens
-                and tokenizer.eos_token_id not in answer[:-1]):  # generation would stop at an inner EOS
-            read[i] = tokenizer.decode(answer[:-1], skip_special_tokens=True)
+    for i, (ex, e, t) in enumerate(zip(examples, enc, top)):
+        answer = [x for x in e.labels if x != IGNORE_INDEX]
+        if not (plain and ex.scored and not e.truncated  # generation would stop at an inner EOS:
+                and tokenizer.eos_token_id not in answer[:-1]):
+            continue
+        n, text, whole = _written(tokenizer, answer, t)
+        if n > max_new_tokens:
+            continue
+        if whole:
+            read[i] = text
+        elif not complete and "\ufffd" not in text and not _nonspace(ex.response).startswith(_nonspace(text)):
+            heads[i] = text
     scored = [i for i, ex in enumerate(examples) if ex.scored]
-    check = list(read)[:: max(1, len(read) // SPOT_CHECK)][:SPOT_CHECK]  # spread over the rows
-    todo = check + [i for i in scored if i not in read]
+    check = _spread(list(read)) + _spread(list(heads))
+    todo = check + [i for i in scored if i not in read and i not in heads]
     out = dict(zip(todo, generate_answers(model, tokenizer, [examples[i].prompt for i in todo], batch_size,
                                           max_new_tokens, progress)))
-    if any(out[i] != read[i] for i in check):
+    off = [i for i in check if (out[i] != read[i] if i in read else
+                                not _nonspace(out[i]).startswith(_nonspace(heads[i])))]
+    if off:
         log.warning("greedy generation differs from the teacher-forced answers (e.g. %r against %r): "
-                    "generating every answer", *next((out[i], read[i]) for i in check if out[i] != read[i]))
-        rest = [i for i in read if i not in out]
+                    "generating every answer", out[off[0]], read.get(off[0], heads.get(off[0])))
+        rest = [i for i in scored if i not in out]
         out.update(zip(rest, generate_answers(model, tokenizer, [examples[i].prompt for i in rest], batch_size,
                                               max_new_tokens, progress)))
-        read = {}
-    return Answered([out.get(i, read.get(i, "")) for i in scored], losses, len(out))
+        read, heads = {}, {}
+    answers = [out[i] if i in out else read.get(i, heads.get(i, "")) for i in scored]
+    return Answered(answers, losses, len(out), sum(i not in out for i in heads))
 
 
 def loss_summary(examples: list[Example], losses: list[float]) -> dict[str, Any]:
@@ -160,7 +199,7 @@ def validation_point(model: Any, tokenizer: Any, examples: list[Example], cfg: A
     scored = [x for x in share if x.scored]
     with autocast(cfg.train.precision, info.device):
         got = greedy_answers(inner, tokenizer, share, cfg.data.max_length, e.batch_size, e.max_new_tokens, loss,
-                             progress=False)
+                             progress=False, complete=False)
     model.train()
     parts = gather_objects((hit_pairs(scored, got.answers), got.losses))
     em = summarise_hits([h for hits, _ in parts for h in hits])
