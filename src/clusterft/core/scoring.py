@@ -16,6 +16,12 @@ def normalise_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def may_still_match(start: str, text: str) -> bool:
+    """Whether `text` can still be, by exact match (normalise_answer), an answer that begins
+    with `start`: whitespace aside, `start` is a prefix of it."""
+    return "".join(text.split()).startswith("".join(start.split()))
+
+
 def exact_match(examples: list[Example], answers: list[str]) -> dict[str, Any]:
     """Per-skill exact match, its macro mean and worst skill (skill 'all' when unlabelled).
     `examples` are the scored ones (see Example.scored), aligned with `answers`."""

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from clusterft.core.losses import ResponseLoss
-from clusterft.core.scoring import hit_pairs, summarise_hits
+from clusterft.core.scoring import hit_pairs, may_still_match, summarise_hits
 from clusterft.core.tokens import IGNORE_INDEX, Encoded, Example, collate, encode_all, shared_prefix, starts_with
 from clusterft.runtime import parallel
 from clusterft.runtime.distributed import gather_objects
@@ -103,11 +103,7 @@ class Answered:
     answers: list[str]
     losses: list[float]
     generated: int
-    cut: int = 0
-
-
-def _nonspace(text: str) -> str:
-    return "".join(text.split())
+    cut: int
 
 
 def _written(tokenizer: Any, answer: list[int], top: list[int]) -> tuple[int, str, bool]:
@@ -157,15 +153,14 @@ def greedy_answers(model: Any, tokenizer: Any, examples: list[Example], max_leng
             continue
         if whole:
             read[i] = text
-        elif not complete and "\ufffd" not in text and not _nonspace(ex.response).startswith(_nonspace(text)):
+        elif not complete and "\ufffd" not in text and not may_still_match(text, ex.response):
             heads[i] = text
     scored = [i for i, ex in enumerate(examples) if ex.scored]
     check = _spread(list(read)) + _spread(list(heads))
     todo = check + [i for i in scored if i not in read and i not in heads]
     out = dict(zip(todo, generate_answers(model, tokenizer, [examples[i].prompt for i in todo], batch_size,
                                           max_new_tokens, progress)))
-    off = [i for i in check if (out[i] != read[i] if i in read else
-                                not _nonspace(out[i]).startswith(_nonspace(heads[i])))]
+    off = [i for i in check if (out[i] != read[i] if i in read else not may_still_match(heads[i], out[i]))]
     if off:
         log.warning("greedy generation differs from the teacher-forced answers (e.g. %r against %r): "
                     "generating every answer", out[off[0]], read.get(off[0], heads.get(off[0])))
