@@ -2,7 +2,7 @@
 
 import torch
 
-from clusterft.core.losses import ResponseLoss, per_sample_loss
+from clusterft.core.losses import ResponseLoss, TrainLoss, per_sample_loss, weighted_loss
 from clusterft.core.tokens import IGNORE_INDEX, Encoded, collate, encode, shared_prefix
 from clusterft.io.examples import load_jsonl
 from tests.helpers.data_case import T, write
@@ -76,3 +76,50 @@ def test_a_cache_of_another_prompt_is_caught_and_every_row_runs_whole(caplog):
         got = loss.with_top(model, batch, loss.prefix([9, 9, 9, 9]))  # not what the rows start with
     assert loss.prefix_ok is False and "disagrees" in caplog.text
     torch.testing.assert_close(got[0], whole[0])
+
+
+def _grads(model, fn) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    loss, losses = fn()
+    loss.backward()
+    return losses, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_train_loss_gives_the_loss_and_gradients_of_full_logits_with_the_prompt_run_once():
+    model, rows = lora_model(), _system_prompted()
+    batch, w = collate(rows, pad_id=0), torch.tensor([0.5, 2.0, 1.0, 0.5, 1.5])
+    fast = TrainLoss(model, model, shared_prefix(rows))
+    fast.check(batch)
+    assert fast.ok and fast._cut(batch) == 4  # the 4-token system prompt comes from one row's run
+    want, want_g = _grads(model, lambda: weighted_loss(model, batch, w, 0.7))
+    got, got_g = _grads(model, lambda: fast(batch, w, 0.7))
+    torch.testing.assert_close(got, want)
+    assert want_g and all(float(g.abs().sum()) > 0 for g in want_g.values())
+    for n in want_g:  # the prompt's keys and values carry gradient back into the adapter
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_train_loss_runs_rows_whole_when_one_lacks_the_prompt_or_answers_inside_it():
+    model, rows = lora_model(), _system_prompted()
+    fast = TrainLoss(model, model, [1, 2, 3, 4])
+    other = [*rows[:4], Encoded(id="x", input_ids=[1, 2, 9, 4, 5, 6], labels=[IGNORE_INDEX] * 4 + [5, 6])]
+    early = [*rows[:4], Encoded(id="y", input_ids=[1, 2, 3, 4, 5, 6], labels=[IGNORE_INDEX] * 4 + [5, 6])]
+    w = torch.ones(5)
+    for batch in (collate(other, 0), collate(early, 0)):
+        fast.check(batch)
+        assert fast.ok and fast._cut(batch) == 0
+        torch.testing.assert_close(fast(batch, w, 1.0)[1], weighted_loss(model, batch, w, 1.0)[1])
+
+
+def test_train_loss_falls_back_to_full_logits_when_the_model_ignores_logits_to_keep(caplog):
+    model, rows = lora_model(), _system_prompted()
+    batch, w = collate(rows, pad_id=0), torch.ones(5)
+    handle = model.get_base_model().register_forward_pre_hook(  # an older model class: logits everywhere
+        lambda mod, args, kw: (args, {k: v for k, v in kw.items() if k != "logits_to_keep"}), with_kwargs=True)
+    try:
+        fast = TrainLoss(model, model, shared_prefix(rows))
+        fast.check(batch)
+        assert fast.ok is False and "unusable" in caplog.text
+        torch.testing.assert_close(fast(batch, w, 1.0)[1], weighted_loss(model, batch, w, 1.0)[1])
+    finally:
+        handle.remove()

@@ -18,10 +18,11 @@ def case_plan(world_size: int) -> AllocationPlan:
     return AllocationPlan(table, world_size, 1, len(CASE_STEPS))
 
 
-def case_samples() -> list[Encoded]:
+def case_samples(system: tuple[int, ...] = ()) -> list[Encoded]:
+    """4 samples of 3 to 6 tokens, 2 prompt tokens each, behind a shared `system` prompt."""
     seqs = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18], [19, 20, 21, 22]]
     out = []
     for i, s in enumerate(seqs):
-        labels = [IGNORE_INDEX] * 2 + s[2:]
-        out.append(Encoded(id=str(i), input_ids=s, labels=labels))
+        labels = [IGNORE_INDEX] * (len(system) + 2) + s[2:]
+        out.append(Encoded(id=str(i), input_ids=[*system, *s], labels=labels))
     return out

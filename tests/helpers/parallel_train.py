@@ -2,9 +2,10 @@
 with train.strategy STRATEGY; rank 0 saves the final, unsharded weights and every step's
 per-rank timings (OUT.timings.json). With DELAY, rank 1 sleeps DELAY seconds in each forward
 (a straggler); with GRAD_ACCUM, each rank's share of a step is cut into that many
-micro-batches (ranks then run different numbers of passes).
+micro-batches (ranks then run different numbers of passes); SYSTEM (comma-separated token ids)
+puts a shared system prompt before every sample.
 
-Usage: torchrun --nproc_per_node=2 tests/helpers/parallel_train.py MODEL_DIR OUT STRATEGY [DELAY [GRAD_ACCUM]]
+Usage: torchrun --nproc_per_node=2 tests/helpers/parallel_train.py MODEL_DIR OUT STRATEGY [DELAY [GRAD_ACCUM [SYSTEM]]]
 """
 
 import json
@@ -22,7 +23,7 @@ from clusterft.spec.config import TrainConfig
 from tests.helpers.grad_case import CASE_WEIGHTS, case_plan, case_samples
 
 
-def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: str = "1") -> None:
+def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: str = "1", system: str = "") -> None:
     info = distributed.init_distributed()
     base = load_model(model_dir)
     if info.rank == 1 and float(delay):
@@ -30,7 +31,7 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: 
     model = parallel.wrap(base, strategy, info)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     t = TrainConfig(lr=0.5, warmup_ratio=0.0, grad_accum=int(grad_accum))
-    history = train_on_plan(model, case_samples(), np.array(CASE_WEIGHTS), case_plan(info.world_size), t, info,
+    history = train_on_plan(model, case_samples(tuple(int(t) for t in system.split(",") if t)), np.array(CASE_WEIGHTS), case_plan(info.world_size), t, info,
                             optimizer=opt)
     timings = gather_rank_timings(history)
     weights = parallel.full_state_dict(model)

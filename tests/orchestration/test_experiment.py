@@ -6,8 +6,9 @@ import shutil
 
 import pytest
 
-from clusterft.orchestration.experiment import run_experiment
+from clusterft.orchestration.experiment import RUN_SECTIONS, TIME_BUDGET_KEYS, params_digest, run_digest, run_experiment
 from clusterft.report.grid import aggregate, at_equal_time, equal_time_markdown, machines_note
+from clusterft.spec.config import load_config
 from clusterft.spec.grid import RunSpec, grid
 from tests.conftest import tiny_params, write_params
 
@@ -17,6 +18,15 @@ def test_grid_shape_and_names():
     assert len(specs) == 2 * (1 + 2 + 1)
     assert RunSpec("cluster", 0.5, 1).name == "cluster-b0.5-s1" and RunSpec("full", None, 0).name == "full-s0"
     assert "select.paper_ratio=0.3" in RunSpec("cluster_paper", 0.3, 0).overrides()
+
+
+def test_a_param_added_later_keeps_the_digest_of_runs_made_before_it_at_its_old_value():
+    """train.fast_loss: false is the path runs kept before it existed took: their digests hold;
+    the new default (true) is another path, so its runs are new ones."""
+    spec = RunSpec("full", None, 0)
+    old, new = load_config(None, ["train.fast_loss=false"]), load_config(None)
+    assert run_digest(old, spec) == params_digest(old, RUN_SECTIONS, ("train.fast_loss", *TIME_BUDGET_KEYS))
+    assert run_digest(new, spec) != run_digest(old, spec)
 
 
 def test_aggregate_mean_and_spread():

@@ -1,5 +1,5 @@
-"""The training loop's step options: micro-batches (grad_accum, micro_batch_tokens) give the
-same update as the whole step; bf16 / fp16 autocast train a real tiny model end to end."""
+"""The training loop's step options: micro-batches (grad_accum, micro_batch_tokens) and the
+fast loss give the same update as the whole step over full logits; bf16 / fp16 autocast train a real tiny model end to end."""
 
 import time
 
@@ -24,13 +24,13 @@ def test_micro_batches_cover_the_step_in_order_under_the_token_cap():
             assert len(mb) == 1 or not cap or len(mb) * lengths[mb].max() <= cap
 
 
-def _train(model_dir, checkpointing=False, optimizer="adamw", **options):
+def _train(model_dir, checkpointing=False, optimizer="adamw", system=(), **options):
     torch.manual_seed(0)
     model = load_model(model_dir)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = make_optimizer(optimizer, list(model.parameters()), 1e-2, 0.0)
-    samples = case_samples() * 4
+    samples = case_samples(system) * 4
     plan = build_plan(np.full(len(samples), -1), 1, 8, 2, 0, "shuffle")
     history = train_on_plan(model, samples, np.linspace(0.5, 2.0, len(samples)), plan,
                             TrainConfig(lr=1e-2, log_every=100, **options), optimizer=opt)
@@ -45,6 +45,16 @@ def test_micro_batches_give_the_same_update_as_the_whole_step(tiny_model_dir, op
         torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-5, msg=n)
     assert [h["tokens"] for h in h1] == [h["tokens"] for h in h2]
     assert [h["weighted_loss"] for h in h1] == pytest.approx([h["weighted_loss"] for h in h2], rel=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])  # recomputed layers: the prompt runs in every row
+def test_the_fast_loss_gives_the_update_of_full_logits_over_whole_rows(tiny_model_dir, checkpointing):
+    full, h1 = _train(tiny_model_dir, checkpointing, system=(1, 2, 3), fast_loss=False)
+    fast, h2 = _train(tiny_model_dir, checkpointing, system=(1, 2, 3))
+    for n in full:  # AdamW turns float-rounding gradient differences into up to ~1e-5 (a step is 1e-2)
+        torch.testing.assert_close(fast[n], full[n], rtol=1e-4, atol=1e-4, msg=n)
+    assert [h["weighted_loss"] for h in h1] == pytest.approx([h["weighted_loss"] for h in h2], rel=1e-5)
+    assert [h["tokens"] for h in h1] == [h["tokens"] for h in h2]  # whole rows' tokens: the work done
 
 
 def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):

@@ -31,10 +31,89 @@ def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Tensor,
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale * sum_i w_i l_i, per-sample losses l [B])."""
+    """(scale * sum_i w_i l_i, per-sample losses l [B]) from full logits over whole rows."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     losses = per_sample_loss(out.logits, batch["labels"])
     return scale * (weights * losses).sum(), losses.detach()
+
+
+def _scored_losses(logits: torch.Tensor, labels: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """[B] mean loss per row from the logits of its scored positions ([T, V], row-major)."""
+    rows, cols = scored.nonzero(as_tuple=True)
+    tok = torch.nn.functional.cross_entropy(logits.float(), labels[rows, cols], reduction="none")
+    counts = scored.sum(1).clamp(min=1)
+    return torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(0, rows, tok / counts[rows])
+
+
+class TrainLoss:
+    """weighted_loss at fewer FLOPs, same loss and gradients: the output layer runs at answer
+    positions only (the model's own `logits_to_keep`), and `prefix`, the tokens every row starts
+    with (tokens.shared_prefix: system prompt, chat template), runs once per micro-batch with
+    gradients, its keys and values repeated to every row. `model` is what the loop calls (DDP's
+    forward, so gradients sync); `module` the plain model whose decoder runs the prefix. Checked
+    once against full logits (fp32, no gradients); falls back to them when they differ or the
+    model takes neither argument. `share_prefix=False` where a layer runs twice per forward
+    (activation checkpointing) or is sharded (FSDP)."""
+
+    def __init__(self, model: Any, module: torch.nn.Module, prefix: list[int], enabled: bool = True,
+                 share_prefix: bool = True) -> None:
+        self.model = model
+        parts = _decoder_and_head(module) if enabled else None
+        self.decoder = parts[0] if parts is not None else None
+        self.prefix = torch.tensor(prefix if share_prefix else [], dtype=torch.long)
+        self.ok: bool | None = None if enabled else False  # None: not checked yet
+
+    def _cut(self, batch: dict[str, torch.Tensor]) -> int:
+        """How many leading tokens of the batch come from the shared prefix's cache (0: none)."""
+        n = len(self.prefix)
+        if self.decoder is None or not n or batch["input_ids"].shape[1] <= n:
+            return 0
+        same = bool((batch["input_ids"][:, :n] == self.prefix.to(batch["input_ids"].device)).all())
+        return n if same and bool((batch["labels"][:, : n + 1] == IGNORE_INDEX).all()) else 0
+
+    def fast(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B] per-sample losses: prefix once, output layer at scored positions only."""
+        n = self._cut(batch)
+        kw: dict[str, Any] = {}
+        if n:
+            head = batch["input_ids"][:1, :n]
+            kw["cache"] = self.decoder(input_ids=head, use_cache=True).cache
+            kw["cache"].batch_repeat_interleave(batch["input_ids"].shape[0])
+            batch = {k: v[:, n:] for k, v in batch.items()}
+        else:
+            kw["attention_mask"] = batch["attention_mask"]
+        labels = batch["labels"][:, 1:]  # hidden state t predicts token t + 1
+        scored = labels != IGNORE_INDEX
+        keep = torch.zeros_like(batch["labels"], dtype=torch.bool)
+        keep[:, :-1] = scored
+        logits = self.model(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
+        return _scored_losses(logits, labels, scored)
+
+    def check(self, batch: dict[str, torch.Tensor]) -> None:
+        """Once, outside autocast: the fast path against full logits on `batch`; kept if equal."""
+        if self.ok is not None:
+            return
+        try:
+            with torch.no_grad():
+                want = per_sample_loss(self.model(input_ids=batch["input_ids"],
+                                                  attention_mask=batch["attention_mask"]).logits, batch["labels"])
+                got = self.fast(batch)
+        except (TypeError, ValueError, AttributeError, RuntimeError, IndexError) as err:
+            log.warning("answer-only output layer / shared prefix unusable in training (%s): full logits", err)
+            self.ok = False
+            return
+        self.ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+        if not self.ok:
+            log.warning("answer-only output layer / shared prefix disagrees with full logits in training "
+                        "(max diff %.2e): full logits", (got - want).abs().max().item())
+
+    def __call__(self, batch: dict[str, torch.Tensor], weights: torch.Tensor,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale * sum_i w_i l_i, per-sample losses l [B]), as weighted_loss."""
+        if not self.ok:
+            return weighted_loss(self.model, batch, weights, scale)
+        losses = self.fast(batch)
+        return scale * (weights * losses).sum(), losses.detach()
 
 
 def top_tokens(logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:

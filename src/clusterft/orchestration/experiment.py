@@ -47,6 +47,8 @@ RUN_SECTIONS = (*SHARED_SECTIONS, "select", "train", "evaluate")
 
 
 TIME_BUDGET_KEYS = ("select.time_budget", "select.probe_steps")
+# params added after runs were kept, left out of a digest at the value that reproduces those runs
+LATER_KEYS = {"train.fast_loss": False}
 
 
 def params_digest(cfg: Any, sections: tuple[str, ...], omit: tuple[str, ...] = ()) -> str:
@@ -66,8 +68,10 @@ def params_digest(cfg: Any, sections: tuple[str, ...], omit: tuple[str, ...] = (
 def run_digest(cfg: Any, spec: RunSpec) -> str:
     """A run's digest: its params and data, and for a time-budgeted run the probe's timings
     its data budget was planned from (a new probe reruns it). Without a time budget its
-    params are left out, so runs made before they existed stay valid."""
-    digest = params_digest(cfg, RUN_SECTIONS, () if spec.time_budget else TIME_BUDGET_KEYS)
+    params are left out, so runs made before they existed stay valid (as LATER_KEYS at their
+    old value)."""
+    later = tuple(k for k, v in LATER_KEYS.items() if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == v)
+    digest = params_digest(cfg, RUN_SECTIONS, (*later, *(() if spec.time_budget else TIME_BUDGET_KEYS)))
     probe = cfg.artifact("probe", "metrics.json")
     if spec.time_budget and probe.exists():
         digest = hashlib.sha1(digest.encode() + probe.read_bytes()).hexdigest()

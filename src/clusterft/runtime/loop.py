@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from clusterft.core.allocation import AllocationPlan
-from clusterft.core.losses import weighted_loss
-from clusterft.core.tokens import Encoded, collate
+from clusterft.core.losses import TrainLoss
+from clusterft.core.tokens import Encoded, collate, shared_prefix
 from clusterft.runtime import parallel
 from clusterft.runtime.checkpoint import load_checkpoint, run_digest, save_checkpoint
 from clusterft.runtime.distributed import DistInfo, gather_objects
@@ -114,6 +114,7 @@ class _Run:
     pad_id: int
     opt: torch.optim.Optimizer
     params: list
+    loss: TrainLoss
     sched: Any = None
     scaler: Any = None
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -144,9 +145,10 @@ class _Run:
             rows, w_mb = (idx[mb], w[torch.as_tensor(mb)]) if mb is not None else \
                 ([0], torch.zeros(1, device=device))
             batch = {k2: v.to(device) for k2, v in collate([self.encoded[i] for i in rows], self.pad_id).items()}
+            self.loss.check(batch)  # once, in fp32
             with parallel.gradient_sync(self.model, k == len(mbs) - 1):
                 with autocast(self.t.precision, device):
-                    loss, mb_losses = weighted_loss(self.model, batch, w_mb, scale)
+                    loss, mb_losses = self.loss(batch, w_mb, scale)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             if mb is not None:
                 parts.append(mb_losses.float())
@@ -233,8 +235,11 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
     t0 = time.perf_counter()
     source = plan if hasattr(plan, "batches") else PlanSource(plan, info.rank)
     params = [p for p in model.parameters() if p.requires_grad]
+    module = parallel.unwrap(model)
+    loss = TrainLoss(model, module, shared_prefix(encoded), t.fast_loss, share_prefix=not parallel.is_sharded(
+        model) and not getattr(module, "is_activation_checkpointing", False))  # a layer run twice: no shared cache
     run = _Run(model, encoded, torch.tensor(weights, dtype=torch.float32), source, t, info, pad_id,
-               optimizer or make_optimizer(t.optimizer, params, t.lr, t.weight_decay), params,
+               optimizer or make_optimizer(t.optimizer, params, t.lr, t.weight_decay), params, loss,
                lengths=np.array([e.n_tokens for e in encoded]))
     run.sched = cosine_schedule(run.opt, source.total_steps, t.warmup_ratio)
     run.scaler = parallel.grad_scaler(t.precision, info.device, model)

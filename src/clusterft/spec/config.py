@@ -231,6 +231,10 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = _f(
         "fp32", "fp32 | bf16 | fp16 (loss-scaled): autocast of training and evaluation forwards; the "
         "weights AdamW updates stay fp32")
+    fast_loss: bool = _f(True, "the output layer at answer positions only and the prefix every row shares "
+                         "(system prompt, chat template) run once per micro-batch: the loss and gradients of full "
+                         "logits over whole rows at fewer FLOPs (checked against them on the first batch); false: "
+                         "full logits, the path of runs recorded before 2026-12-07")
     grad_accum: int = _f(1, "micro-batches per rank per step; their gradients add up to the whole "
                          "step's before the one sync (same update, less activation memory)", ge=1)
     micro_batch_tokens: int = _f(0, "also cut micro-batches until each holds at most this many padded "

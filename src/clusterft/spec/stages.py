@@ -56,7 +56,7 @@ class Stage:
 
 
 # what sets training speed (the probe's DVC params and digest) and which samples it times
-PROBE_TRAIN_KEYS = ("nproc", "finetune", "per_device_batch", "precision", "grad_accum", "micro_batch_tokens",
+PROBE_TRAIN_KEYS = ("nproc", "finetune", "per_device_batch", "precision", "fast_loss", "grad_accum", "micro_batch_tokens",
                     "activation_checkpointing", "optimizer", "strategy", "checkpoint_every", "seed", "timeout_s")
 _SEL = ("select.budget", "select.split", "select.tau", "select.within", "select.alpha", "select.dedup",
         "select.fill", "select.paper_ratio", "select.seed", "select.time_budget", "train.nproc")
