@@ -8,7 +8,7 @@
 # profile keeps them apart from its grid, in benchmarks/results/smollm2-redundant-fast/.
 #   bash scripts/real-profile.sh            step-limited skill mixture (profiles/smollm2.yaml), ~20 min
 #   bash scripts/real-profile.sh redundant  saturating mixture in the paper's regime
-#                                           (profiles/smollm2-redundant.yaml), ~2 h
+#                                           (profiles/smollm2-redundant.yaml), ~75 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
