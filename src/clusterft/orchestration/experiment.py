@@ -70,7 +70,7 @@ def run_digest(cfg: Any, spec: RunSpec) -> str:
     its data budget was planned from (a new probe reruns it). Without a time budget its
     params are left out, so runs made before they existed stay valid (as LATER_KEYS at their
     old value)."""
-    later = tuple(k for k, v in LATER_KEYS.items() if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == v)
+    later = tuple(k for k, v in LATER_KEYS.items() if cfg.value(k) == v)
     digest = params_digest(cfg, RUN_SECTIONS, (*later, *(() if spec.time_budget else TIME_BUDGET_KEYS)))
     probe = cfg.artifact("probe", "metrics.json")
     if spec.time_budget and probe.exists():
