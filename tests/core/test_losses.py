@@ -90,7 +90,7 @@ def test_train_loss_gives_the_loss_and_gradients_of_full_logits_with_the_prompt_
     batch, w = collate(rows, pad_id=0), torch.tensor([0.5, 2.0, 1.0, 0.5, 1.5])
     fast = TrainLoss(model, model, shared_prefix(rows))
     fast.check(batch)
-    assert fast.ok and fast._cut(batch) == 4  # the 4-token system prompt comes from one row's run
+    assert fast.ok and fast.prefix_ok and fast._cut(batch) == 4  # the 4-token system prompt: one row's run
     want, want_g = _grads(model, lambda: weighted_loss(model, batch, w, 0.7))
     got, got_g = _grads(model, lambda: fast(batch, w, 0.7))
     torch.testing.assert_close(got, want)
@@ -107,8 +107,32 @@ def test_train_loss_runs_rows_whole_when_one_lacks_the_prompt_or_answers_inside_
     w = torch.ones(5)
     for batch in (collate(other, 0), collate(early, 0)):
         fast.check(batch)
-        assert fast.ok and fast._cut(batch) == 0
+        assert fast.ok and fast.prefix_ok is None and fast._cut(batch) == 0  # the prefix: not checked yet
         torch.testing.assert_close(fast(batch, w, 1.0)[1], weighted_loss(model, batch, w, 1.0)[1])
+
+
+def test_the_shared_prefix_is_checked_on_the_first_batch_that_has_it_and_dropped_when_it_is_ignored(caplog):
+    model, rows = lora_model(), _system_prompted()
+    fast = TrainLoss(model, model, [1, 2, 3, 4])
+    lacking = collate([*rows[:4], Encoded(id="x", input_ids=[1, 2, 9, 4, 5, 6], labels=[IGNORE_INDEX] * 4 + [5, 6])], 0)
+    batch, w = collate(rows, pad_id=0), torch.ones(5)
+    handle = model.get_base_model().register_forward_pre_hook(  # a model that drops the cache it is given
+        lambda mod, args, kw: (args, {k: v for k, v in kw.items() if k != "cache"}), with_kwargs=True)
+    try:
+        fast.check(lacking)
+        assert fast.ok and fast.prefix_ok is None
+        fast.check(batch)
+        assert fast.ok and fast.prefix_ok is False and "shared prefix disagrees" in caplog.text
+        torch.testing.assert_close(fast(batch, w, 1.0)[1], weighted_loss(model, batch, w, 1.0)[1])
+    finally:
+        handle.remove()
+
+
+def test_train_loss_is_checked_without_dropout_so_a_dropout_adapter_keeps_the_fast_loss():
+    model, rows = lora_model(dropout=0.5).train(), _system_prompted()
+    fast = TrainLoss(model, model, shared_prefix(rows))
+    fast.check(collate(rows, pad_id=0))
+    assert fast.ok and fast.prefix_ok and model.training
 
 
 def test_train_loss_falls_back_to_full_logits_when_the_model_ignores_logits_to_keep(caplog):

@@ -8,11 +8,11 @@ from clusterft.runtime.model import add_lora, build_tiny_model, train_tokenizer
 from clusterft.spec.config import LoraConfig, TinyModelConfig
 
 
-def lora_model(seed: int = 0) -> torch.nn.Module:
+def lora_model(seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
     tok = train_tokenizer(["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 10, 300)
     model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=2, num_heads=2,
                                              intermediate_size=32, seed=seed), tok, 32)
-    model = add_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = add_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"], dropout=dropout))
     torch.manual_seed(seed)
     for name, p in model.named_parameters():
         if "lora_B" in name:

@@ -1,7 +1,8 @@
 """Run under torchrun: train a fixed uneven plan (one step leaves rank 1 without a sample)
-with train.strategy STRATEGY; rank 0 saves the final, unsharded weights and every step's
-per-rank timings (OUT.timings.json). With DELAY, rank 1 sleeps DELAY seconds in each forward
-(a straggler); with GRAD_ACCUM, each rank's share of a step is cut into that many
+with train.strategy STRATEGY; rank 0 saves the final, unsharded weights, every step's
+per-rank timings (OUT.timings.json) and how its loss was computed (OUT.loss_path). With
+DELAY, rank 1 sleeps DELAY seconds in each training forward (a straggler; the loss's one-time
+checks run in eval mode); with GRAD_ACCUM, each rank's share of a step is cut into that many
 micro-batches (ranks then run different numbers of passes); SYSTEM (comma-separated token ids)
 puts a shared system prompt before every sample.
 
@@ -27,7 +28,7 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: 
     info = distributed.init_distributed()
     base = load_model(model_dir)
     if info.rank == 1 and float(delay):
-        base.register_forward_pre_hook(lambda *_: time.sleep(float(delay)))
+        base.register_forward_pre_hook(lambda mod, _: time.sleep(float(delay)) if mod.training else None)
     model = parallel.wrap(base, strategy, info)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     t = TrainConfig(lr=0.5, warmup_ratio=0.0, grad_accum=int(grad_accum))
@@ -38,6 +39,8 @@ def main(model_dir: str, out: str, strategy: str, delay: str = "0", grad_accum: 
     if info.is_main:
         with open(out + ".timings.json", "w") as f:
             json.dump(timings, f)
+        with open(out + ".loss_path", "w") as f:
+            f.write(history[-1]["loss_path"])
         save_file({n: t.detach().clone() for n, t in weights.items()}, out)  # tied weights: copies
     distributed.barrier()
     distributed.cleanup()

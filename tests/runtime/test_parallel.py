@@ -34,6 +34,9 @@ def test_two_ranks_end_with_the_weights_of_one_process_on_the_same_plan(tiny_mod
            str(grad_accum), ",".join(map(str, system))]
     subprocess.run(cmd, check=True, env=env, cwd=REPO, timeout=300)
     two_ranks = load_file(out)
+    shared = strategy == "ddp" and system
+    assert (tmp_path / "weights.safetensors.loss_path").read_text() == \
+        ("answer positions, shared prefix" if shared else "answer positions")
 
     model = load_model(tiny_model_dir)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}

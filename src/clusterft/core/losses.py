@@ -51,30 +51,37 @@ class TrainLoss:
     positions only (the model's own `logits_to_keep`), and `prefix`, the tokens every row starts
     with (tokens.shared_prefix: system prompt, chat template), runs once per micro-batch with
     gradients, its keys and values repeated to every row. `model` is what the loop calls (DDP's
-    forward, so gradients sync); `module` the plain model whose decoder runs the prefix. Checked
-    once against full logits (fp32, no gradients); falls back to them when they differ or the
-    model takes neither argument. `share_prefix=False` where a layer runs twice per forward
+    forward, so gradients sync); `module` the plain model the checks run on. Each path is checked
+    once against full logits (fp32, eval mode, no gradients, a few rows: the output layer on the
+    first batch, the shared prefix on the first batch that has it) and dropped when they differ or
+    the model takes neither argument. `share_prefix=False` where a layer runs twice per forward
     (activation checkpointing) or is sharded (FSDP)."""
+
+    CHECK_ROWS = 4
 
     def __init__(self, model: Any, module: torch.nn.Module, prefix: list[int], enabled: bool = True,
                  share_prefix: bool = True) -> None:
-        self.model = model
-        parts = _decoder_and_head(module) if enabled else None
-        self.decoder = parts[0] if parts is not None else None
-        self.prefix = torch.tensor(prefix if share_prefix else [], dtype=torch.long)
-        self.ok: bool | None = None if enabled else False  # None: not checked yet
+        self.model, self.module = model, module
+        self.decoder = _decoder(module) if enabled else None
+        self.prefix = torch.tensor(prefix if share_prefix and self.decoder is not None else [], dtype=torch.long)
+        self.ok: bool | None = None if enabled else False  # answer-only output layer; None: not checked yet
+        self.prefix_ok: bool | None = None if len(self.prefix) else False  # the shared prefix, likewise
 
     def _cut(self, batch: dict[str, torch.Tensor]) -> int:
         """How many leading tokens of the batch come from the shared prefix's cache (0: none)."""
         n = len(self.prefix)
-        if self.decoder is None or not n or batch["input_ids"].shape[1] <= n:
+        if not n or batch["input_ids"].shape[1] <= n:
             return 0
-        same = bool((batch["input_ids"][:, :n] == self.prefix.to(batch["input_ids"].device)).all())
-        return n if same and bool((batch["labels"][:, : n + 1] == IGNORE_INDEX).all()) else 0
+        ids = batch["input_ids"]
+        if self.prefix.device != ids.device:
+            self.prefix = self.prefix.to(ids.device)
+        same = bool((ids[:, :n] == self.prefix).all() & (batch["labels"][:, : n + 1] == IGNORE_INDEX).all())
+        return n if same else 0
 
-    def fast(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B] per-sample losses: prefix once, output layer at scored positions only."""
-        n = self._cut(batch)
+    def fast(self, batch: dict[str, torch.Tensor], model: Any = None, share: bool | None = None) -> torch.Tensor:
+        """[B] per-sample losses: output layer at scored positions only, the prefix once when
+        `share` (default: when its check passed) and the batch has it."""
+        n = self._cut(batch) if (self.prefix_ok if share is None else share) else 0
         kw: dict[str, Any] = {}
         if n:
             head = batch["input_ids"][:1, :n]
@@ -87,26 +94,47 @@ class TrainLoss:
         scored = labels != IGNORE_INDEX
         keep = torch.zeros_like(batch["labels"], dtype=torch.bool)
         keep[:, :-1] = scored
-        logits = self.model(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
+        logits = (model or self.model)(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
         return _scored_losses(logits, labels, scored, *scored.nonzero(as_tuple=True))
 
     def check(self, batch: dict[str, torch.Tensor]) -> None:
-        """Once, outside autocast: the fast path against full logits on `batch`; kept if equal."""
-        if self.ok is not None:
-            return
+        """Outside autocast: each path not checked yet that `batch` takes, against full logits."""
+        if self.ok is None:
+            self.ok = self._agrees(batch, share=False)
+            if not self.ok:
+                self.prefix_ok = False
+        if self.ok and self.prefix_ok is None and self._cut(batch):
+            self.prefix_ok = self._agrees(batch, share=True)
+
+    def _agrees(self, batch: dict[str, torch.Tensor], share: bool) -> bool:
+        """fast == full logits on the batch's first rows, run on the plain module (no DDP
+        collectives: ranks may decide apart) in eval mode (dropout makes any two forwards differ)."""
+        rows = {k: v[: self.CHECK_ROWS] for k, v in batch.items()}
+        what = "shared prefix" if share else "answer-only output layer"
+        was = self.module.training
+        self.module.eval()
         try:
             with torch.no_grad():
-                want = per_sample_loss(self.model(input_ids=batch["input_ids"],
-                                                  attention_mask=batch["attention_mask"]).logits, batch["labels"])
-                got = self.fast(batch)
+                want = per_sample_loss(self.module(input_ids=rows["input_ids"],
+                                                   attention_mask=rows["attention_mask"]).logits, rows["labels"])
+                got = self.fast(rows, self.module, share=share)
+        except torch.OutOfMemoryError:
+            raise
         except (TypeError, ValueError, AttributeError, RuntimeError, IndexError) as err:
-            log.warning("answer-only output layer / shared prefix unusable in training (%s): full logits", err)
-            self.ok = False
-            return
-        self.ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-        if not self.ok:
-            log.warning("answer-only output layer / shared prefix disagrees with full logits in training "
-                        "(max diff %.2e): full logits", (got - want).abs().max().item())
+            log.warning("%s unusable in training (%s): not used", what, err)
+            return False
+        finally:
+            self.module.train(was)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+            log.warning("%s disagrees with full logits in training (max diff %.2e): not used", what,
+                        (got - want).abs().max().item())
+            return False
+        return True
+
+    def path(self) -> str:
+        """Which way the loss is computed now (a step record's `loss_path`)."""
+        return "full logits" if not self.ok else "answer positions, shared prefix" if self.prefix_ok \
+            else "answer positions"
 
     def __call__(self, batch: dict[str, torch.Tensor], weights: torch.Tensor,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,18 +155,22 @@ def top_tokens(logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor
     return out
 
 
-def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(decoder stack, plain Linear output layer) of an HF causal LM (peft-wrapped or not),
-    or None when the model does not expose them that way."""
+def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder stack of an HF causal LM (peft-wrapped or not), None when it has none apart."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     get_decoder = getattr(base, "get_decoder", None)
+    decoder = get_decoder() if get_decoder is not None else None
+    return None if decoder is base else decoder
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder stack, plain Linear output layer) of an HF causal LM, or None when the model
+    does not expose them that way (a LoRA-wrapped or custom head: use full logits)."""
+    decoder = _decoder(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     get_head = getattr(base, "get_output_embeddings", None)
-    if get_decoder is None or get_head is None:
-        return None
-    decoder, head = get_decoder(), get_head()
-    if decoder is None or decoder is base or type(head) is not torch.nn.Linear:
-        return None  # no separate decoder, or a LoRA-wrapped / custom head: use full logits
-    return decoder, head
+    head = get_head() if get_head is not None else None
+    return (decoder, head) if decoder is not None and type(head) is torch.nn.Linear else None
 
 
 class ResponseLoss:

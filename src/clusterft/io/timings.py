@@ -11,12 +11,14 @@ from typing import Any
 from clusterft.errors import SelectionError
 from clusterft.io.artifacts import read_json, write_json
 from clusterft.spec.config import to_dict
-from clusterft.spec.stages import PROBE_TRAIN_KEYS, STAGES, stage
+from clusterft.spec.stages import LATER_KEYS, PROBE_TRAIN_KEYS, STAGES, stage
 
 
 def probe_digest(cfg: Any) -> str:
-    """Hash of what sets training speed (not seeds or the learning rate) and of the train data."""
-    speed = {k: getattr(cfg.train, k) for k in PROBE_TRAIN_KEYS if k not in ("seed", "timeout_s")}
+    """Hash of what sets training speed (not seeds or the learning rate; LATER_KEYS at their old
+    value, so probes made before them hold) and of the train data."""
+    speed = {k: getattr(cfg.train, k) for k in PROBE_TRAIN_KEYS if k not in ("seed", "timeout_s")
+             and LATER_KEYS.get(f"train.{k}", ...) != getattr(cfg.train, k)}
     doc = {"train": speed, "lora": to_dict(cfg.lora), "model": to_dict(cfg.model), "data": to_dict(cfg.data),
            "steps": cfg.select.probe_steps}
     h = hashlib.sha1(json.dumps(doc, sort_keys=True).encode())

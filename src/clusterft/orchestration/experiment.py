@@ -38,7 +38,7 @@ from clusterft.runtime.data import load_examples
 from clusterft.spec.config import load_config, to_dict
 from clusterft.spec.grid import RunSpec, grid
 from clusterft.spec.methods import METHODS, paid_stages, time_budgeted
-from clusterft.spec.stages import PIPELINE, STAGES
+from clusterft.spec.stages import LATER_KEYS, PIPELINE, STAGES
 from clusterft.stages.evaluate import run_zero_shot
 from clusterft.stages.timeplan import cluster_count, time_plan, train_chars
 
@@ -47,8 +47,6 @@ RUN_SECTIONS = (*SHARED_SECTIONS, "select", "train", "evaluate")
 
 
 TIME_BUDGET_KEYS = ("select.time_budget", "select.probe_steps")
-# params added after runs were kept, left out of a digest at the value that reproduces those runs
-LATER_KEYS = {"train.fast_loss": False}
 
 
 def params_digest(cfg: Any, sections: tuple[str, ...], omit: tuple[str, ...] = ()) -> str:

@@ -145,7 +145,7 @@ class _Run:
             rows, w_mb = (idx[mb], w[torch.as_tensor(mb)]) if mb is not None else \
                 ([0], torch.zeros(1, device=device))
             batch = {k2: v.to(device) for k2, v in collate([self.encoded[i] for i in rows], self.pad_id).items()}
-            self.loss.check(batch)  # once, in fp32
+            self.loss.check(batch)  # each path once, in fp32
             with parallel.gradient_sync(self.model, k == len(mbs) - 1):
                 with autocast(self.t.precision, device):
                     loss, mb_losses = self.loss(batch, w_mb, scale)
@@ -204,7 +204,7 @@ class _Run:
         return {
             "step": g, "epoch": epoch, "loss": float(losses.mean()),
             "weighted_loss": float(extra[0]) / float(step_size),
-            "lr": self.sched.get_last_lr()[0], "samples": int(len(idx)),
+            "lr": self.sched.get_last_lr()[0], "samples": int(len(idx)), "loss_path": self.loss.path(),
             "tokens": tokens, "compute_s": compute_s, "sync_s": sync_s,
             "step_s": time.perf_counter() - ts, "tokens_per_s": tokens / max(1e-9, compute_s),
             "peak_mem_mb": peak_memory_mb(self.info.device),

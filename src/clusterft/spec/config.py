@@ -233,7 +233,8 @@ class TrainConfig(Section):
         "weights AdamW updates stay fp32")
     fast_loss: bool = _f(True, "the output layer at answer positions only and the prefix every row shares "
                          "(system prompt, chat template) run once per micro-batch: the loss and gradients of full "
-                         "logits over whole rows at fewer FLOPs (checked against them on the first batch); false: "
+                         "logits over whole rows at fewer FLOPs (each path checked against them once; `loss_path_rank0` "
+                         "in train metrics says which ran); false: "
                          "full logits, the path of runs recorded before 2026-12-07")
     grad_accum: int = _f(1, "micro-batches per rank per step; their gradients add up to the whole "
                          "step's before the one sync (same update, less activation memory)", ge=1)

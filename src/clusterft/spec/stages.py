@@ -58,6 +58,9 @@ class Stage:
 # what sets training speed (the probe's DVC params and digest) and which samples it times
 PROBE_TRAIN_KEYS = ("nproc", "finetune", "per_device_batch", "precision", "fast_loss", "grad_accum", "micro_batch_tokens",
                     "activation_checkpointing", "optimizer", "strategy", "checkpoint_every", "seed", "timeout_s")
+# params added after runs and probes were kept, left out of their digests at the value that
+# reproduces them
+LATER_KEYS = {"train.fast_loss": False}
 _SEL = ("select.budget", "select.split", "select.tau", "select.within", "select.alpha", "select.dedup",
         "select.fill", "select.paper_ratio", "select.seed", "select.time_budget", "train.nproc")
 

@@ -178,6 +178,7 @@ def run_summary(history: list[dict], source: Any, plan: AllocationPlan) -> dict[
         "tokens_per_s_rank0": float(np.sum([h["tokens"] for h in history])
                                     / max(1e-9, np.sum([h["compute_s"] for h in history]))),
         "peak_mem_mb_rank0": float(max((h["peak_mem_mb"] for h in history), default=0.0)),
+        "loss_path_rank0": history[-1].get("loss_path", "full logits") if history else "full logits",
         **wait_summary(history),
         "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)
         or [int(x) for x in plan.step_sizes().sum(1)],
