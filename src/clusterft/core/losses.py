@@ -94,15 +94,13 @@ class TrainLoss:
         scored = labels != IGNORE_INDEX
         keep = torch.zeros_like(batch["labels"], dtype=torch.bool)
         keep[:, :-1] = scored
-        logits = (model or self.model)(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
+        logits = (self.model if model is None else model)(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
         return _scored_losses(logits, labels, scored, *scored.nonzero(as_tuple=True))
 
     def check(self, batch: dict[str, torch.Tensor]) -> None:
         """Outside autocast: each path not checked yet that `batch` takes, against full logits."""
         if self.ok is None:
             self.ok = self._agrees(batch, share=False)
-            if not self.ok:
-                self.prefix_ok = False
         if self.ok and self.prefix_ok is None and self._cut(batch):
             self.prefix_ok = self._agrees(batch, share=True)
 
@@ -155,9 +153,14 @@ def top_tokens(logits: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor
     return out
 
 
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model inside a peft wrapper (the model itself when unwrapped)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     """The decoder stack of an HF causal LM (peft-wrapped or not), None when it has none apart."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     get_decoder = getattr(base, "get_decoder", None)
     decoder = get_decoder() if get_decoder is not None else None
     return None if decoder is base else decoder
@@ -167,8 +170,7 @@ def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     """(decoder stack, plain Linear output layer) of an HF causal LM, or None when the model
     does not expose them that way (a LoRA-wrapped or custom head: use full logits)."""
     decoder = _decoder(model)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    get_head = getattr(base, "get_output_embeddings", None)
+    get_head = getattr(_base(model), "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
     return (decoder, head) if decoder is not None and type(head) is torch.nn.Linear else None
 
