@@ -37,12 +37,11 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     return scale * (weights * losses).sum(), losses.detach()
 
 
-def _scored_losses(logits: torch.Tensor, labels: torch.Tensor, scored: torch.Tensor, rows: torch.Tensor,
-                   cols: torch.Tensor) -> torch.Tensor:
-    """[B] mean loss per row from the logits of its scored positions ([T, V] at (rows, cols),
-    scored.nonzero's row-major order)."""
+def _scored_losses(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[B] mean loss per row from the logits of its scored positions ([T, V] at (rows, cols));
+    a row with none scores 0."""
     tok = torch.nn.functional.cross_entropy(logits.float(), labels[rows, cols], reduction="none")
-    counts = scored.sum(1).clamp(min=1)
+    counts = torch.bincount(rows, minlength=labels.shape[0]).clamp(min=1)
     return torch.zeros(labels.shape[0], dtype=tok.dtype, device=tok.device).index_add(0, rows, tok / counts[rows])
 
 
@@ -95,7 +94,7 @@ class TrainLoss:
         keep = torch.zeros_like(batch["labels"], dtype=torch.bool)
         keep[:, :-1] = scored
         logits = (self.model if model is None else model)(input_ids=batch["input_ids"], logits_to_keep=keep, **kw).logits
-        return _scored_losses(logits, labels, scored, *scored.nonzero(as_tuple=True))
+        return _scored_losses(logits, labels, *scored.nonzero(as_tuple=True))
 
     def check(self, batch: dict[str, torch.Tensor]) -> None:
         """Outside autocast: each path not checked yet that `batch` takes, against full logits."""
@@ -216,7 +215,7 @@ class ResponseLoss:
         scored = labels != IGNORE_INDEX
         rows, cols = scored.nonzero(as_tuple=True)
         logits = head(hidden[rows, cols]).float()
-        losses = _scored_losses(logits, labels, scored, rows, cols)
+        losses = _scored_losses(logits, labels, rows, cols)
         return (losses, top_tokens(logits, rows, labels.shape[0])) if top else losses
 
     def check(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
