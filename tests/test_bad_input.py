@@ -70,6 +70,8 @@ CASES = [
     ("nan-features", lambda r: _nan_features(r), ["rows contain NaN/inf", "first rows [5]"]),
     ("unwritable-output", lambda r: _edit(r, lambda p: p["paths"].update(artifacts=str(_file(r) / "sub")),
                                           "make-benchmark"), ["a-file/sub", "cannot create output folder"]),
+    ("benchmark-fewer-samples-than-skills", lambda r: _edit(r, lambda p: p["benchmark"].update(n_validation=5),
+                                                            "make-benchmark"), ["benchmark.n_validation", "8 skills"]),
     ("params-unknown-key", lambda r: _raw_params(r, "cluster:\n  kk: 3\n"), ["cluster.kk", "unknown key"]),
     ("params-wrong-type", lambda r: _raw_params(r, "train:\n  epochs: many\n"), ["train.epochs", "integer"]),
     ("params-bad-method", lambda r: _raw_params(r, "select:\n  methods: [full, oracle]\n"),

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from clusterft.core.tokens import collate
-from clusterft.runtime.features import lastlayer_features
 from clusterft.runtime.model import build_tiny_model, train_tokenizer
 from clusterft.spec.config import TinyModelConfig
 from tests.helpers.grad_case import case_samples
@@ -33,7 +32,12 @@ def test_lastlayer_feature_is_mean_of_logit_grad_times_hidden():
     model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2,
                                              intermediate_size=32), tok, 32)
     samples = case_samples()
-    got = lastlayer_features(model, samples, pad_id=0, batch_size=3, progress=False)
+    from clusterft.core.features import build_extractor
+    from clusterft.runtime.features import extract
+    from clusterft.spec.config import load_config
+
+    ext = build_extractor(model, load_config(None, ["features.kind=lastlayer", "features.model=target"]).features)
+    got = extract(ext, samples, 0, 3)
     assert got.shape == (4, 16)
     for i, s in enumerate(samples):  # one at a time, no padding, by autograd on the logits
         b = collate([s], 0)

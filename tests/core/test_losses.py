@@ -32,6 +32,20 @@ def test_response_only_head_is_used_and_equals_full_logits():
     torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
 
 
+def test_response_only_head_falls_back_when_the_decoder_cannot_take_its_call():
+    model = lora_model()
+    batch = collate(lora_samples(), pad_id=0)
+    loss = ResponseLoss(model)
+
+    def refuses(**kw):  # e.g. a custom decoder without attention_mask=None or cache=
+        raise TypeError("unexpected keyword argument")
+
+    loss.parts = (refuses, loss.parts[1])
+    got = loss(model, batch)
+    assert not loss.response_only
+    torch.testing.assert_close(got, ResponseLoss(model, response_only=False)(model, batch))
+
+
 def test_response_only_head_falls_back_when_the_model_changes_its_logits():
     model = lora_model()
     batch = collate(lora_samples(), pad_id=0)

@@ -2,6 +2,7 @@
 every (method, budget) with its seed spread, and a rerun reuses finished runs."""
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -63,7 +64,7 @@ def test_report_warns_when_runs_come_from_different_machines():
     assert "2 kinds of machine" in note and "cpu A" in note and "cpu B" in note and "random-b0.3-s0" in note
 
 
-def test_tiny_experiment_end_to_end(tmp_path):
+def test_tiny_experiment_end_to_end(tmp_path, caplog):
     p = tiny_params(tmp_path)
     p["experiment"] = {"methods": ["full", "cluster", "infobatch"], "budgets": [0.5], "seeds": [0],
                        "results_dir": str(tmp_path / "kept")}
@@ -133,8 +134,10 @@ def test_tiny_experiment_end_to_end(tmp_path):
     assert "Zero-shot base model" in md and json.loads(
         (tmp_path / "artifacts/baseline/eval.json").read_text())["method"] == "zero_shot"
     features = (tmp_path / "artifacts/features/features.npy").stat().st_mtime
-    run_experiment(params, ["train.lr=0.001"], progress=False)  # a changed param: stale runs rerun
+    with caplog.at_level(logging.WARNING, logger="clusterft.orchestration.experiment"):
+        run_experiment(params, ["train.lr=0.001"], progress=False)  # a changed param: stale runs rerun
     assert (tmp_path / "artifacts/experiments/full-s0/eval.json").stat().st_mtime > mtime
+    assert "full-s0: replacing a run kept under other params or data" in caplog.text  # kept ones, said
     assert (tmp_path / "artifacts/features/features.npy").stat().st_mtime == features  # shared: same
     run_experiment(params, ["train.lr=0.001", "cluster.k=3"], progress=False)
     assert (tmp_path / "artifacts/features/features.npy").stat().st_mtime > features

@@ -1,6 +1,7 @@
 """The training loop's step options: micro-batches (grad_accum, micro_batch_tokens) and the
 fast loss give the same update as the whole step over full logits; bf16 / fp16 autocast train a real tiny model end to end."""
 
+import logging
 import time
 
 import numpy as np
@@ -33,7 +34,7 @@ def _train(model_dir, checkpointing=False, optimizer="adamw", system=(), **optio
     samples = case_samples(system) * 4
     plan = build_plan(np.full(len(samples), -1), 1, 8, 2, 0, "shuffle")
     history = train_on_plan(model, samples, np.linspace(0.5, 2.0, len(samples)), plan,
-                            TrainConfig(lr=1e-2, log_every=100, **options), optimizer=opt)
+                            TrainConfig(lr=1e-2, **{"log_every": 100, **options}), optimizer=opt)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, history
 
 
@@ -122,3 +123,12 @@ def test_the_training_clock_goes_on_over_a_resume_and_leaves_out_evaluation(tiny
     assert clocks[:4] == [h["clock_s"] for h in first[:4]]  # restored from the checkpoint
     assert all(b > a for a, b in zip(clocks, clocks[1:]))  # one clock over both attempts
     assert clocks[1] - clocks[0] < 1.0 <= clocks[2] - clocks[1]  # steps 2 and 3, each with its hook
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_progress_lines_come_every_log_every_steps_and_at_the_end(tiny_model_dir, caplog, every):
+    with caplog.at_level(logging.INFO, logger="clusterft.runtime.loop"):
+        _, history = _train(tiny_model_dir, log_every=every)
+    steps = [int(m.split()[3].split("/")[0]) for m in caplog.messages if m.startswith("epoch ")]
+    n = len(history)
+    assert steps == sorted({*range(1, n + 1, every), n})

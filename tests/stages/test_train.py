@@ -106,3 +106,19 @@ def test_cluster_dynamic_end_to_end_under_two_gloo_workers(tmp_path):
     assert m["world_size"] == 2 and m["samples_trained_per_epoch"] == [per_epoch] * 3
     log = [json.loads(line) for line in (mdir / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == m["steps"] == 3 * (per_epoch // 16) and log[-1]["weighted_loss"] < log[0]["weighted_loss"]
+
+
+def test_a_run_says_every_loss_path_it_took_in_order():
+    from types import SimpleNamespace
+
+    from clusterft.stages.train import run_summary
+
+    def step(path):
+        return {"samples": 2, "weighted_loss": 1.0, "tokens": 10, "compute_s": 0.1, "peak_mem_mb": 1.0,
+                "loss_path": path, "rank_compute_s": [0.1], "rank_sync_s": [0.0], "rank_tokens": [10]}
+
+    history = [step("answer positions"), step("answer positions, shared prefix"), step("answer positions, shared prefix")]
+    summary = run_summary(history, SimpleNamespace(kept_per_epoch=[6]), None)
+    assert summary["loss_path_rank0"] == "answer positions then answer positions, shared prefix"
+    assert run_summary(history[1:], SimpleNamespace(kept_per_epoch=[4]), None)["loss_path_rank0"] == \
+        "answer positions, shared prefix"

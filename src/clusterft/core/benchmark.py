@@ -11,6 +11,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from clusterft.errors import ConfigError
+
 LETTERS = "abcdefghij"
 
 
@@ -84,7 +86,10 @@ SKILLS: tuple[Skill, ...] = (
 
 
 def skill_sizes(n: int, zipf_s: float, n_skills: int = len(SKILLS)) -> list[int]:
-    """Split n samples over skills by a Zipf law, largest first; every skill gets >= 1."""
+    """Split n samples over skills by a Zipf law, largest first; every skill gets >= 1
+    (ValueError when n < n_skills)."""
+    if n < n_skills:
+        raise ValueError(f"{n} samples cannot give each of {n_skills} skills one (need >= {n_skills})")
     w = [1.0 / (r**zipf_s) for r in range(1, n_skills + 1)]
     total = sum(w)
     sizes = [max(1, int(n * x / total)) for x in w]
@@ -123,7 +128,10 @@ def generate(cfg: Any) -> dict[str, list[dict]]:
         ("validation", cfg.n_validation, False),
         ("test", cfg.n_test_per_skill * len(SKILLS), True),
     ):
-        sizes = [cfg.n_test_per_skill] * len(SKILLS) if balanced else skill_sizes(n, cfg.zipf_s)
+        try:
+            sizes = [cfg.n_test_per_skill] * len(SKILLS) if balanced else skill_sizes(n, cfg.zipf_s)
+        except ValueError as err:
+            raise ConfigError(f"benchmark.n_{split}: {err}") from None
         records = [
             _sample(s, rng, tables, pools[s.name]) for s, k in zip(SKILLS, sizes) for _ in range(k)
         ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clusterft.errors import ClusteringError
+from clusterft.spec.config import EXACT_KMEANS_ROWS
 
 
 @dataclass
@@ -122,7 +123,7 @@ def choose_k(features: np.ndarray, k_min: int, k_max: int, sample: int, seed: in
 
 
 def cluster_features(features: np.ndarray, k: int, n_init: int, seed: int, backend: str = "auto",
-                     large_threshold: int = 50_000) -> tuple[Clustering, str]:
+                     large_threshold: int = EXACT_KMEANS_ROWS) -> tuple[Clustering, str]:
     """Dispatch by backend; `auto` = exact scikit-learn up to `large_threshold` rows, faiss above."""
     if backend == "auto":
         backend = "sklearn" if features.shape[0] <= large_threshold else "faiss"

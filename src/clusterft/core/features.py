@@ -1,14 +1,14 @@
 """Per-sample feature extractors, one per kind: a collated batch in, [B, dim] float32 out.
 
 Kinds (`features.kind`):
-- lora_grad (default): gradient of the sample's mean response-token loss w.r.t. the LoRA
+- lora_grad: gradient of the sample's mean response-token loss w.r.t. the LoRA
   weights, exact and batched (core.lora_grads); optionally Adam-preconditioned with
   the warmup moments (LESS); then projected to `features.dim` by a seeded random matrix
   (core.projection). [N, dim], or [N, P] with projection `none`.
 - lastlayer: the paper's proxy: for each response token, (p_y - 1) * h_last (final hidden
   state scaled by the loss gradient w.r.t. the true token's logit), averaged over the
   response tokens; one forward pass, no backward. [N, hidden_size].
-- embedding: the final hidden state mean-pooled over all non-pad tokens, prompt
+- embedding (default): the final hidden state mean-pooled over all non-pad tokens, prompt
   included (the usual sentence-embedding pooling: what the sample says, not how the model
   would learn from it). [N, hidden_size].
 - loss_traj (S2L): the sample's mean response-token loss at each warmup snapshot, lifted

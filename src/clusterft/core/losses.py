@@ -37,6 +37,20 @@ def weighted_loss(model: Any, batch: dict[str, torch.Tensor], weights: torch.Ten
     return scale * (weights * losses).sum(), losses.detach()
 
 
+CHECK_ROWS = 4  # rows a fast path is checked on against full logits
+CHECK_ERRORS = (TypeError, ValueError, AttributeError, RuntimeError, IndexError)  # a path a model cannot take
+
+
+def _agree(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The fast path's per-sample losses equal full logits' up to fp32 rounding."""
+    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _no_autocast(batch: dict[str, torch.Tensor]) -> Any:
+    """A check runs in the weights' own precision: autocast's rounding is not a disagreement."""
+    return torch.autocast(batch["input_ids"].device.type, enabled=False)
+
+
 def _scored_losses(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """[B] mean loss per row from the logits of its scored positions ([T, V] at (rows, cols));
     a row with none scores 0."""
@@ -55,8 +69,6 @@ class TrainLoss:
     first batch, the shared prefix on the first batch that has it) and dropped when they differ or
     the model takes neither argument. `share_prefix=False` where a layer runs twice per forward
     (activation checkpointing) or is sharded (FSDP)."""
-
-    CHECK_ROWS = 4
 
     def __init__(self, model: Any, module: torch.nn.Module, prefix: list[int], enabled: bool = True,
                  share_prefix: bool = True) -> None:
@@ -106,7 +118,7 @@ class TrainLoss:
     def _agrees(self, batch: dict[str, torch.Tensor], share: bool) -> bool:
         """fast == full logits on the batch's first rows, run on the plain module (no DDP
         collectives: ranks may decide apart) in eval mode (dropout makes any two forwards differ)."""
-        rows = {k: v[: self.CHECK_ROWS] for k, v in batch.items()}
+        rows = {k: v[:CHECK_ROWS] for k, v in batch.items()}
         what = "shared prefix" if share else "answer-only output layer"
         was = self.module.training
         self.module.eval()
@@ -117,12 +129,12 @@ class TrainLoss:
                 got = self.fast(rows, self.module, share=share)
         except torch.OutOfMemoryError:
             raise
-        except (TypeError, ValueError, AttributeError, RuntimeError, IndexError) as err:
+        except CHECK_ERRORS as err:
             log.warning("%s unusable in training (%s): not used", what, err)
             return False
         finally:
             self.module.train(was)
-        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        if not _agree(got, want):
             log.warning("%s disagrees with full logits in training (max diff %.2e): not used", what,
                         (got - want).abs().max().item())
             return False
@@ -223,9 +235,17 @@ class ResponseLoss:
         if self.checked:
             return
         self.checked = True
-        with torch.no_grad():
-            want, got = self.full(model, batch), self.fast(batch)
-        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        few = {k: v[:CHECK_ROWS] for k, v in batch.items()}
+        try:
+            with torch.no_grad(), _no_autocast(batch):
+                want, got = self.full(model, few), self.fast(few)
+        except torch.OutOfMemoryError:
+            raise
+        except CHECK_ERRORS as err:
+            log.warning("response-only output layer unusable (%s): using full logits", err)
+            self.parts = None
+            return
+        if not _agree(got, want):
             log.warning("response-only output layer disagrees with the model's logits "
                         "(max diff %.2e): using full logits", (got - want).abs().max().item())
             self.parts = None
@@ -242,15 +262,17 @@ class ResponseLoss:
 
     def _prefix_agrees(self, batch: dict[str, torch.Tensor], cut: dict[str, torch.Tensor], past: Any) -> bool:
         """Once: the cached-prefix path against the rows run whole, on a few rows."""
-        few = {k: v[:4] for k, v in batch.items()}
+        few = {k: v[:CHECK_ROWS] for k, v in batch.items()}
         try:
-            with torch.no_grad():
+            with torch.no_grad():  # under the caller's autocast: `past` was made under it
                 (want, want_top), (got, got_top) = self.fast(few, True), self.fast(
-                    {k: v[:4] for k, v in cut.items()}, True, past)
-        except (TypeError, ValueError, AttributeError, RuntimeError) as err:  # a decoder without a usable cache
+                    {k: v[:CHECK_ROWS] for k, v in cut.items()}, True, past)
+        except torch.OutOfMemoryError:
+            raise
+        except CHECK_ERRORS as err:  # a decoder without a usable cache
             log.warning("shared-prompt cache unusable (%s): running every row whole", err)
             return False
-        if torch.allclose(got, want, rtol=1e-4, atol=1e-5) and torch.equal(got_top, want_top):
+        if _agree(got, want) and torch.equal(got_top, want_top):
             return True
         log.warning("shared-prompt cache disagrees with the rows run whole (max diff %.2e): running every "
                     "row whole", (got - want).abs().max().item())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -41,6 +42,8 @@ from clusterft.spec.methods import METHODS, paid_stages, time_budgeted
 from clusterft.spec.stages import LATER_KEYS, PIPELINE, STAGES
 from clusterft.stages.evaluate import run_zero_shot
 from clusterft.stages.timeplan import cluster_count, time_plan, train_chars
+
+log = logging.getLogger(__name__)
 
 SHARED_SECTIONS = ("data", "model", "lora", "warmup", "features", "cluster")
 RUN_SECTIONS = (*SHARED_SECTIONS, "select", "train", "evaluate")
@@ -111,6 +114,8 @@ def keep_results(cfg: Any, spec: RunSpec, digest: str) -> None:
     ensure_dir(tmp)
     for f in result_files(cfg, spec):
         shutil.copy2(f, tmp / f.name)
+    if (dest / "digest.txt").exists():  # kept under other params or data: say so, it is replaced
+        log.warning("%s: replacing a run kept under other params or data", dest)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
 
@@ -197,7 +202,7 @@ def prepare_shared(cfg: Any, params: str, overrides: list[str]) -> None:
         needed.add("make-benchmark")
     for st in STAGES:
         if st.name == "probe" and st.name in needed:
-            _probe(cfg, params, [*overrides, f"select.time_budget={e.time_budgets[0]}"])
+            _probe(params, [*overrides, f"select.time_budget={e.time_budgets[0]}"])
         elif st.name in needed and (stale or not st.metrics_path(cfg).exists()):
             run_stage(cfg, st.name, params, overrides)  # the launch dvc repro uses (features: its workers)
     if cfg.experiment.zero_shot and (stale or not cfg.artifact("baseline", "eval.json").exists()):
@@ -219,7 +224,7 @@ def check_time_budgets(params: str, overrides: list[str]) -> None:
                 time_plan(cfg, m, tm, chars, cluster_count(cfg) if "cluster" in METHODS[m].needs else 0, 0.0)
 
 
-def _probe(cfg: Any, params: str, overrides: list[str]) -> None:
+def _probe(params: str, overrides: list[str]) -> None:
     """Run the probe stage (torchrun) unless it already timed this training setup."""
     on = load_config(params, overrides)
     try:

@@ -9,15 +9,13 @@ tokenizer); or a sentence-encoder folder (mean-pooled embedding).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from clusterft.core.features import Extractor, hidden_size, lastlayer_batch
+from clusterft.core.features import Extractor
 from clusterft.core.tokens import Encoded, Renderer, collate, encode_all
 from clusterft.errors import ModelError
 from clusterft.io.moments import state_dir
@@ -41,15 +39,6 @@ def extract(ext: Extractor, encoded: list[Encoded], pad_id: int, batch_size: int
         if bar is not None:
             bar.update(len(idx))
     return out
-
-
-def lastlayer_features(model: Any, encoded: list[Encoded], pad_id: int, batch_size: int = 64,
-                       progress: bool = True) -> np.ndarray:
-    """[N, H] float32 last-layer gradient proxy (not normalised)."""
-    model.eval()
-    ext = Extractor(partial(lastlayer_batch, model), hidden_size(model))
-    with tqdm(total=len(encoded), desc="features", unit="sample", disable=not progress) as bar:
-        return extract(ext, encoded, pad_id, batch_size, bar=bar)
 
 
 @dataclass

@@ -202,7 +202,7 @@ class _Run:
         sync_s = time.perf_counter() - ts - compute_s
         self.update()
         return {
-            "step": g, "epoch": epoch, "loss": float(losses.mean()),
+            "step": g, "epoch": epoch, **({"loss": float(losses.mean())} if len(losses) else {}),  # none: no sample
             "weighted_loss": float(extra[0]) / float(step_size),
             "lr": self.sched.get_last_lr()[0], "samples": int(len(idx)), "loss_path": self.loss.path(),
             "tokens": tokens, "compute_s": compute_s, "sync_s": sync_s,
@@ -268,7 +268,7 @@ def train_on_plan(model: Any, encoded: list[Encoded], weights: np.ndarray, plan:
             save_checkpoint(checkpoint_dir, model, run.opt, run.sched, source, (epoch, step + 1), digest, history,
                             run.scaler, run.sharded, info.rank)
             rec["checkpoint_s"] = time.perf_counter() - t_save  # what a save costs (the time-budget model)
-        if info.rank == 0 and (g % t.log_every == 1 or g == source.total_steps):
+        if info.rank == 0 and ((g - 1) % t.log_every == 0 or g == source.total_steps):
             log.info("epoch %d step %d/%d loss %.4f lr %.2e %.0f ms/step", epoch, g, source.total_steps,
                      rec["weighted_loss"], rec["lr"], 1000 * rec["clock_s"] / g)
     return history

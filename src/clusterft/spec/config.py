@@ -62,10 +62,10 @@ class DataConfig(Section):
 
 class BenchmarkConfig(Section):
     n_train: int = _f(6000, "training samples of the built-in skill mixture", ge=1)
-    n_validation: int = _f(400, "validation samples (same mixture as train)")
+    n_validation: int = _f(400, "validation samples (same mixture as train)", ge=1)
     n_test_per_skill: int = _f(40, "test samples per skill (the test split is balanced)", ge=1)
     zipf_s: float = _f(1.7, "Zipf exponent of skill sizes; head/rarest ratio is n_skills**s")
-    duplicate_pool: int = _f(60, "distinct inputs per head skill (near-duplicates beyond it)")
+    duplicate_pool: int = _f(60, "distinct inputs per head skill (near-duplicates beyond it)", ge=1)
     seed: int = _f(0, "generator seed")
 
 
@@ -139,13 +139,16 @@ class FeaturesConfig(Section):
         return self
 
 
+EXACT_KMEANS_ROWS = 50_000  # cluster.backend auto: exact scikit-learn k-means up to this many rows, faiss above
+
+
 class ClusterConfig(Section):
     k: int | Literal["auto"] = _f(16, "clusters (independent of the workers), or 'auto' (best silhouette)")
     k_min: int = _f(2, "k=auto: smallest K tried", ge=2)
     k_max: int = _f(64, "k=auto: largest K tried")
     auto_sample: int = _f(3000, "k=auto: rows sampled to score each K", ge=2)
-    backend: Literal["auto", "sklearn", "faiss"] = _f("auto", "auto (sklearn up to 50k rows, faiss above), "
-                                                      "sklearn or faiss")
+    backend: Literal["auto", "sklearn", "faiss"] = _f("auto", f"auto (sklearn up to {EXACT_KMEANS_ROWS // 1000}k rows, "
+                                                      "faiss above), sklearn or faiss")
     n_init: int = _f(4, "k-means restarts", ge=1)
     seed: int = _f(0, "k-means seed")
 
@@ -215,9 +218,9 @@ class TrainConfig(Section):
     finetune: Literal["full", "lora"] = _f("full", "full (all weights) or lora (adapter on the base model)")
     epochs: int = _f(12, "passes over the selected data", ge=1)
     per_device_batch: int = _f(16, "samples per rank per step", ge=1)
-    lr: float = _f(3e-3, "peak AdamW learning rate (cosine decay, linear warmup)", gt=0)
+    lr: float = _f(3e-3, "peak learning rate of train.optimizer (cosine decay, linear warmup)", gt=0)
     warmup_ratio: float = _f(0.05, "fraction of steps spent in linear lr warmup", ge=0, lt=1)
-    weight_decay: float = _f(0.0, "AdamW weight decay", ge=0)
+    weight_decay: float = _f(0.0, "weight decay of train.optimizer", ge=0)
     seed: int = _f(0, "shuffling and initialisation seed")
     log_every: int = _f(20, "steps between progress lines", ge=1)
     checkpoint_every: int = _f(200, "steps between resumable checkpoints (0 = off)", ge=0)
@@ -234,7 +237,7 @@ class TrainConfig(Section):
     fast_loss: bool = _f(True, "the output layer at answer positions only and the prefix every row shares "
                          "(system prompt, chat template) run once per micro-batch: the loss and gradients of full "
                          "logits over whole rows at fewer FLOPs (each path checked against them once; `loss_path_rank0` "
-                         "in train metrics says which ran); false: "
+                         "in train metrics says which ran, in order); false: "
                          "full logits, the path of runs recorded before 2026-12-07")
     grad_accum: int = _f(1, "micro-batches per rank per step; their gradients add up to the whole "
                          "step's before the one sync (same update, less activation memory)", ge=1)

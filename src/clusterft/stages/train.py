@@ -178,7 +178,8 @@ def run_summary(history: list[dict], source: Any, plan: AllocationPlan) -> dict[
         "tokens_per_s_rank0": float(np.sum([h["tokens"] for h in history])
                                     / max(1e-9, np.sum([h["compute_s"] for h in history]))),
         "peak_mem_mb_rank0": float(max((h["peak_mem_mb"] for h in history), default=0.0)),
-        "loss_path_rank0": history[-1].get("loss_path", "full logits") if history else "full logits",
+        "loss_path_rank0": " then ".join(dict.fromkeys(h.get("loss_path", "full logits") for h in history))
+        or "full logits",  # in order: the shared prefix may be taken up after the first batch
         **wait_summary(history),
         "samples_trained_per_epoch": getattr(source, "kept_per_epoch", None)
         or [int(x) for x in plan.step_sizes().sum(1)],
