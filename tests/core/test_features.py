@@ -2,9 +2,11 @@ import numpy as np
 import pytest
 import torch
 
+from clusterft.core.features import build_extractor
 from clusterft.core.tokens import collate
+from clusterft.runtime.features import extract
 from clusterft.runtime.model import build_tiny_model, train_tokenizer
-from clusterft.spec.config import TinyModelConfig
+from clusterft.spec.config import TinyModelConfig, load_config
 from tests.helpers.grad_case import case_samples
 from tests.helpers.lora_case import lora_model, lora_samples
 
@@ -12,10 +14,6 @@ from tests.helpers.lora_case import lora_model, lora_samples
 @pytest.mark.parametrize("kind", ["lora_grad", "lastlayer"])
 def test_bf16_features_follow_the_fp32_ones(kind, tmp_path):
     """train.precision reaches the features: a bf16 pass gives (almost) the fp32 directions."""
-    from clusterft.core.features import build_extractor
-    from clusterft.runtime.features import extract
-    from clusterft.spec.config import load_config
-
     model = lora_model()
     fcfg = load_config(None, [f"features.kind={kind}", "features.model=target", "features.dim=64",
                               "features.precondition=false"]).features
@@ -32,10 +30,6 @@ def test_lastlayer_feature_is_mean_of_logit_grad_times_hidden():
     model = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2,
                                              intermediate_size=32), tok, 32)
     samples = case_samples()
-    from clusterft.core.features import build_extractor
-    from clusterft.runtime.features import extract
-    from clusterft.spec.config import load_config
-
     ext = build_extractor(model, load_config(None, ["features.kind=lastlayer", "features.model=target"]).features)
     got = extract(ext, samples, 0, 3)
     assert got.shape == (4, 16)

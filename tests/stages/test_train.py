@@ -1,10 +1,12 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import torch
 
 from clusterft.runtime.model import load_model
+from clusterft.stages.train import run_summary
 from tests.conftest import REPO
 
 
@@ -109,10 +111,6 @@ def test_cluster_dynamic_end_to_end_under_two_gloo_workers(tmp_path):
 
 
 def test_a_run_says_every_loss_path_it_took_in_order():
-    from types import SimpleNamespace
-
-    from clusterft.stages.train import run_summary
-
     def step(path):
         return {"samples": 2, "weighted_loss": 1.0, "tokens": 10, "compute_s": 0.1, "peak_mem_mb": 1.0,
                 "loss_path": path, "rank_compute_s": [0.1], "rank_sync_s": [0.0], "rank_tokens": [10]}

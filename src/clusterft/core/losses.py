@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -41,9 +41,24 @@ CHECK_ROWS = 4  # rows a fast path is checked on against full logits
 CHECK_ERRORS = (TypeError, ValueError, AttributeError, RuntimeError, IndexError)  # a path a model cannot take
 
 
-def _agree(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """The fast path's per-sample losses equal full logits' up to fp32 rounding."""
-    return torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+def _checked(what: str, compare: Callable[[], tuple[torch.Tensor, torch.Tensor, bool]], against: str,
+             otherwise: str) -> bool:
+    """Whether fast path `what` may be used: `compare` gives (its per-sample losses, those of
+    `against`, whether all else it compares is equal), run without gradients; they must agree up
+    to fp32 rounding. False, with a warning ending in `otherwise`, when they differ or the path
+    raises (out of memory is raised: it says nothing about the path)."""
+    try:
+        with torch.no_grad():
+            got, want, same = compare()
+    except torch.OutOfMemoryError:
+        raise
+    except CHECK_ERRORS as err:
+        log.warning("%s unusable (%s): %s", what, err, otherwise)
+        return False
+    if same and torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return True
+    log.warning("%s disagrees with %s (max diff %.2e): %s", what, against, (got - want).abs().max().item(), otherwise)
+    return False
 
 
 def _no_autocast(batch: dict[str, torch.Tensor]) -> Any:
@@ -119,26 +134,18 @@ class TrainLoss:
         """fast == full logits on the batch's first rows, run on the plain module (no DDP
         collectives: ranks may decide apart) in eval mode (dropout makes any two forwards differ)."""
         rows = {k: v[:CHECK_ROWS] for k, v in batch.items()}
-        what = "shared prefix" if share else "answer-only output layer"
+
+        def compare() -> tuple[torch.Tensor, torch.Tensor, bool]:
+            full = self.module(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits
+            return self.fast(rows, self.module, share=share), per_sample_loss(full, rows["labels"]), True
+
         was = self.module.training
         self.module.eval()
         try:
-            with torch.no_grad():
-                want = per_sample_loss(self.module(input_ids=rows["input_ids"],
-                                                   attention_mask=rows["attention_mask"]).logits, rows["labels"])
-                got = self.fast(rows, self.module, share=share)
-        except torch.OutOfMemoryError:
-            raise
-        except CHECK_ERRORS as err:
-            log.warning("%s unusable in training (%s): not used", what, err)
-            return False
+            return _checked("shared prefix" if share else "answer-only output layer", compare, "full logits",
+                            "not used in training")
         finally:
             self.module.train(was)
-        if not _agree(got, want):
-            log.warning("%s disagrees with full logits in training (max diff %.2e): not used", what,
-                        (got - want).abs().max().item())
-            return False
-        return True
 
     def path(self) -> str:
         """Which way the loss is computed now (a step record's `loss_path`)."""
@@ -236,18 +243,12 @@ class ResponseLoss:
             return
         self.checked = True
         few = {k: v[:CHECK_ROWS] for k, v in batch.items()}
-        try:
-            with torch.no_grad(), _no_autocast(batch):
-                want, got = self.full(model, few), self.fast(few)
-        except torch.OutOfMemoryError:
-            raise
-        except CHECK_ERRORS as err:
-            log.warning("response-only output layer unusable (%s): using full logits", err)
-            self.parts = None
-            return
-        if not _agree(got, want):
-            log.warning("response-only output layer disagrees with the model's logits "
-                        "(max diff %.2e): using full logits", (got - want).abs().max().item())
+
+        def compare() -> tuple[torch.Tensor, torch.Tensor, bool]:
+            with _no_autocast(batch):
+                return self.fast(few), self.full(model, few), True
+
+        if not _checked("response-only output layer", compare, "the model's logits", "using full logits"):
             self.parts = None
 
     def prefix(self, ids: list[int]) -> Any:
@@ -262,21 +263,13 @@ class ResponseLoss:
 
     def _prefix_agrees(self, batch: dict[str, torch.Tensor], cut: dict[str, torch.Tensor], past: Any) -> bool:
         """Once: the cached-prefix path against the rows run whole, on a few rows."""
-        few = {k: v[:CHECK_ROWS] for k, v in batch.items()}
-        try:
-            with torch.no_grad():  # under the caller's autocast: `past` was made under it
-                (want, want_top), (got, got_top) = self.fast(few, True), self.fast(
-                    {k: v[:CHECK_ROWS] for k, v in cut.items()}, True, past)
-        except torch.OutOfMemoryError:
-            raise
-        except CHECK_ERRORS as err:  # a decoder without a usable cache
-            log.warning("shared-prompt cache unusable (%s): running every row whole", err)
-            return False
-        if _agree(got, want) and torch.equal(got_top, want_top):
-            return True
-        log.warning("shared-prompt cache disagrees with the rows run whole (max diff %.2e): running every "
-                    "row whole", (got - want).abs().max().item())
-        return False
+
+        def compare() -> tuple[torch.Tensor, torch.Tensor, bool]:  # under the caller's autocast, as `past`
+            (want, want_top), (got, got_top) = self.fast({k: v[:CHECK_ROWS] for k, v in batch.items()}, True), \
+                self.fast({k: v[:CHECK_ROWS] for k, v in cut.items()}, True, past)
+            return got, want, torch.equal(got_top, want_top)
+
+        return _checked("shared-prompt cache", compare, "the rows run whole", "running every row whole")
 
     @property
     def response_only(self) -> bool:
